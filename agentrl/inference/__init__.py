@@ -1,0 +1,1 @@
+"""Samplers: token ids in, sampled token ids with logprobs and policy version out."""

@@ -1,0 +1,285 @@
+"""The trajectory ledger: the one record that crosses every seam.
+
+Invariant (token-in-token-out): `prompt_ids + response_ids` is exactly the token
+sequence the sampler saw and produced, in order. Tokens the sampler produced are
+appended verbatim with `loss_mask` 1, their sampler log-probability and the policy
+version that sampled them; everything else (observations, chat-template glue) has
+mask 0, logprob 0.0 and version -1. Nothing is ever decoded and re-encoded.
+
+`Trajectory.check()` enforces that contract at runtime and raises a
+`TrajectoryError` naming the trajectory and the field; `TrajectoryStore` appends
+validated records to JSONL with fsync and reads them back identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.errors import TrajectoryError
+
+SCHEMA_VERSION = 1
+
+
+class StopReason(StrEnum):
+    """Why an episode ended."""
+
+    finished = "finished"
+    max_turns = "max_turns"
+    context_limit = "context_limit"
+    sampler_length = "sampler_length"
+    episode_timeout = "episode_timeout"
+    sandbox_error = "sandbox_error"
+    eval_error = "eval_error"
+    aborted = "aborted"
+
+
+# Infrastructure failures are counted and reported, never trained on as agent failures.
+INFRA_STOP_REASONS = frozenset(
+    {StopReason.sandbox_error, StopReason.eval_error, StopReason.aborted}
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolCall(_Strict):
+    """A parsed tool call."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Turn(_Strict):
+    """One ReAct turn: what the agent said, what it called, what came back."""
+
+    action: str = Field(description="decoded text of the sampled tokens of this turn")
+    tool_call: ToolCall | None = Field(default=None, description="parsed call, if any")
+    observation: str = Field(default="", description="observation text (truncated)")
+    exit_code: int | None = Field(default=None, description="tool exit code, if any")
+    span: tuple[int, int] = Field(
+        description="[start, end) into response_ids of this turn's sampled tokens"
+    )
+    gen_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    snapshot_id: str | None = Field(default=None, description="sandbox snapshot after turn")
+
+
+class EnvInfo(_Strict):
+    """Enough about the environment to replay the episode."""
+
+    image: str | None = None
+    image_digest: str | None = None
+    provider: str | None = None
+    task_hash: str | None = None
+
+
+class Trajectory(_Strict):
+    """One episode as a validated, token-exact ledger (see module docstring)."""
+
+    schema_version: int = SCHEMA_VERSION
+    trajectory_id: str = Field(description="unique per episode, e.g. 'query-42_0'")
+    group_id: str = Field(description="episodes sharing a prompt, e.g. 'query-42'")
+    task: str = Field(description="task name")
+    prompt_ids: list[int] = Field(description="exactly the tokens the sampler was first given")
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    token_versions: list[int] = Field(default_factory=list)
+    reward: float | None = Field(default=None, description="scalar return; None if ungraded")
+    turn_rewards: list[float] = Field(
+        default_factory=list, description="per turn, stamped on its last sampled token"
+    )
+    reward_components: dict[str, Any] = Field(default_factory=dict)
+    stop_reason: StopReason
+    turns: list[Turn] = Field(default_factory=list)
+    scheduled_step: int = 0
+    consumed_step: int | None = None
+    env: EnvInfo = Field(default_factory=EnvInfo)
+    error: str | None = Field(default=None, description="what went wrong, for infra failures")
+
+    @property
+    def trainable(self) -> bool:
+        """Whether this episode's outcome is the agent's (not an infrastructure failure)."""
+        return self.stop_reason not in INFRA_STOP_REASONS
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+    def _fail(self, field: str, message: str) -> TrajectoryError:
+        return TrajectoryError(f"trajectory {self.trajectory_id!r}: {field}: {message}")
+
+    def check(self) -> Trajectory:
+        """Enforce the ledger contract; raise TrajectoryError naming the field. Returns self."""
+        if self.schema_version != SCHEMA_VERSION:
+            raise self._fail(
+                "schema_version",
+                f"{self.schema_version} is not {SCHEMA_VERSION} (written by another agentrl?)",
+            )
+        if not self.trajectory_id:
+            raise TrajectoryError("trajectory with an empty trajectory_id")
+        if not self.prompt_ids:
+            raise self._fail("prompt_ids", "empty: the sampler was given no tokens")
+        n = len(self.response_ids)
+        for name in ("loss_mask", "logprobs", "token_versions"):
+            got = len(getattr(self, name))
+            if got != n:
+                raise self._fail(name, f"length {got} != response_ids length {n}")
+        for name in ("prompt_ids", "response_ids"):
+            bad = next((i for i, t in enumerate(getattr(self, name)) if t < 0), None)
+            if bad is not None:
+                raise self._fail(f"{name}[{bad}]", "negative token id")
+        for i, (m, lp, v) in enumerate(
+            zip(self.loss_mask, self.logprobs, self.token_versions, strict=True)
+        ):
+            if m not in (0, 1):
+                raise self._fail(f"loss_mask[{i}]", f"{m} is not 0 or 1")
+            if m == 1:
+                if not math.isfinite(lp) or lp > 0.0:
+                    raise self._fail(
+                        f"logprobs[{i}]", f"{lp} on a sampled token (must be finite and <= 0)"
+                    )
+                if v < 0:
+                    raise self._fail(
+                        f"token_versions[{i}]", f"{v}: a sampled token needs its policy version"
+                    )
+            else:
+                if lp != 0.0:
+                    raise self._fail(f"logprobs[{i}]", f"{lp} on a non-sampled token (must be 0.0)")
+                if v != -1:
+                    raise self._fail(
+                        f"token_versions[{i}]", f"{v} on a non-sampled token (must be -1)"
+                    )
+        self._check_turns(n)
+        self._check_reward()
+        return self
+
+    def _check_turns(self, n: int) -> None:
+        prev_end = 0
+        for k, turn in enumerate(self.turns):
+            start, end = turn.span
+            if not prev_end <= start <= end <= n:
+                raise self._fail(
+                    f"turns[{k}].span",
+                    f"{turn.span} is out of order or outside response_ids (length {n})",
+                )
+            if any(m != 1 for m in self.loss_mask[start:end]):
+                raise self._fail(f"turns[{k}].span", f"{turn.span} covers non-sampled tokens")
+            prev_end = end
+        if self.turn_rewards and len(self.turn_rewards) != len(self.turns):
+            raise self._fail(
+                "turn_rewards", f"{len(self.turn_rewards)} rewards for {len(self.turns)} turns"
+            )
+        for k, r in enumerate(self.turn_rewards):
+            if not math.isfinite(r):
+                raise self._fail(f"turn_rewards[{k}]", f"{r} is not finite")
+
+    def _check_reward(self) -> None:
+        if self.trainable:
+            if self.num_sampled == 0:
+                raise self._fail(
+                    "loss_mask",
+                    f"no sampled tokens, but stop_reason {self.stop_reason.value!r} claims "
+                    "a trainable episode",
+                )
+            if self.reward is None or not math.isfinite(self.reward):
+                raise self._fail("reward", f"{self.reward} on a trainable episode (must be finite)")
+        else:
+            if self.num_sampled:
+                raise self._fail(
+                    "loss_mask",
+                    f"infrastructure failure ({self.stop_reason.value}) must carry a zero loss mask",
+                )
+            if self.reward is not None and not math.isfinite(self.reward):
+                raise self._fail("reward", f"{self.reward} is not finite")
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, line: str, *, where: str = "") -> Trajectory:
+        """Parse and check one JSON record; errors name `where` (file:line) and the field."""
+        prefix = f"{where}: " if where else ""
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TrajectoryError(f"{prefix}not valid JSON ({e.msg} at column {e.colno})") from e
+        if not isinstance(raw, dict):
+            raise TrajectoryError(f"{prefix}a trajectory must be a JSON object")
+        tid = raw.get("trajectory_id", "?")
+        version = raw.get("schema_version", SCHEMA_VERSION)
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise TrajectoryError(
+                f"{prefix}trajectory {tid!r}: schema_version {version} is newer than this "
+                f"agentrl understands ({SCHEMA_VERSION})",
+                fix="upgrade agentrl: pip install -U agentrl",
+            )
+        try:
+            traj = cls.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "(record)"
+            raise TrajectoryError(f"{prefix}trajectory {tid!r}: {loc}: {err['msg']}") from e
+        try:
+            return traj.check()
+        except TrajectoryError as e:
+            raise TrajectoryError(f"{prefix}{e.message}") from e
+
+
+class TrajectoryStore:
+    """Append-only JSONL file of validated trajectories; each append is fsynced.
+
+    A record is written with a single `write` to a file opened with O_APPEND, so
+    concurrent appenders never interleave and a killed writer leaves at most one
+    torn last line, which `read` reports by line number.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, trajectory: Trajectory) -> None:
+        line = trajectory.check().to_json().encode() + b"\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if _ends_torn(fd):
+                    os.write(fd, b"\n")  # isolate a torn tail so it stays one bad line
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return self.read()
+
+    def read(self) -> Iterator[Trajectory]:
+        """Yield every trajectory; a bad line raises TrajectoryError naming file:line."""
+        if not self.path.exists():
+            raise TrajectoryError(
+                f"{self.path}: no such trajectory file", fix="check the path or the run directory"
+            )
+        with self.path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{self.path}:{lineno}"
+                if not line.endswith("\n"):
+                    where += " (last line, torn: was its writer killed?)"
+                yield Trajectory.from_json(line, where=where)
+
+
+def _ends_torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"

@@ -21,7 +21,7 @@ training on tokens the model never saw.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.errors import ChatTemplateError
@@ -61,7 +61,9 @@ class ChatSession:
                 f"tokenizer {type(tokenizer).__name__} has no chat template",
                 fix="use an instruct/chat model, or set tokenizer.chat_template",
             )
-        self._template_tools = list(tools) if tools and "tools" in template else None
+        self._template_tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            [dict(t) for t in tools] if tools and "tools" in template else None
+        )
         self.messages: list[Message] = [dict(m) for m in messages]
         if tools and self._template_tools is None:
             self.messages = _with_tool_block(self.messages, render_tool_schemas(tools))
@@ -89,6 +91,12 @@ class ChatSession:
         # The template writes its own special tokens (BOS included) as text.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def decode(self, ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        if not isinstance(text, str):
+            raise ChatTemplateError("the tokenizer did not decode to text")
+        return text
+
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -105,10 +113,9 @@ class ChatSession:
         ids = list(token_ids)
         stop_text = ""
         if finish_reason == "stop" and ids:
-            stop_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
-            content = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+            stop_text, content = self.decode(ids[-1:]), self.decode(ids[:-1])
         else:
-            content = self.tokenizer.decode(ids, skip_special_tokens=False)
+            content = self.decode(ids)
         closing = self._closing(content)
         if stop_text and not closing.startswith(stop_text):
             # Stopped on a token the template does not use to end a turn: it is content.

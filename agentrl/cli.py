@@ -48,12 +48,13 @@ def _cmd_images_build(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from agentrl.chat import ChatSession
     from agentrl.inference.base import SamplingParams
-    from agentrl.inference.embedded import EMBEDDED_NAME
+    from agentrl.inference.embedded import EMBEDDED_NAME, load_tokenizer
     from agentrl.inference.local import LocalSampler
 
     with console.status(f"loading {EMBEDDED_NAME}..."):
         sampler = LocalSampler.embedded()
-    session = ChatSession(sampler.tokenizer, [{"role": "user", "content": args.prompt}])
+        tokenizer = load_tokenizer()
+    session = ChatSession(tokenizer, [{"role": "user", "content": args.prompt}])
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )

@@ -27,7 +27,9 @@ class Check:
 def _python() -> Check:
     v = sys.version_info
     ok = v >= (3, 11)
-    return Check("python", ok, f"{v.major}.{v.minor}.{v.micro}", "" if ok else "install Python >= 3.11")
+    return Check(
+        "python", ok, f"{v.major}.{v.minor}.{v.micro}", "" if ok else "install Python >= 3.11"
+    )
 
 
 def _torch() -> Check:
@@ -78,15 +80,18 @@ def _base_image() -> Check:
 def _chromium() -> Check:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        return Check(
-            "chromium", False, "not found on PATH", "sudo apt-get install -y chromium"
-        )
+        return Check("chromium", False, "not found on PATH", "sudo apt-get install -y chromium")
     try:
         out = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=20, check=False
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
-        return Check("chromium", False, f"{path} does not run: {e}", "reinstall: apt-get install --reinstall chromium")
+        return Check(
+            "chromium",
+            False,
+            f"{path} does not run: {e}",
+            "reinstall: apt-get install --reinstall chromium",
+        )
     try:
         pw = importlib.metadata.version("playwright")
     except importlib.metadata.PackageNotFoundError:

@@ -47,7 +47,9 @@ class ModelNotFoundError(AgentRLError, FileNotFoundError):
 class DockerUnavailableError(AgentRLError, ConnectionError):
     """The Docker engine does not answer."""
 
-    default_fix = "start the engine: sudo dockerd --bridge=none &  (or: sudo systemctl start docker)"
+    default_fix = (
+        "start the engine: sudo dockerd --bridge=none &  (or: sudo systemctl start docker)"
+    )
 
 
 class ImageBuildError(AgentRLError, RuntimeError):

@@ -198,7 +198,8 @@ class Trajectory(_Strict):
             if self.num_sampled:
                 raise self._fail(
                     "loss_mask",
-                    f"infrastructure failure ({self.stop_reason.value}) must carry a zero loss mask",
+                    f"infrastructure failure ({self.stop_reason.value}) must carry a zero "
+                    "loss mask",
                 )
             if self.reward is not None and not math.isfinite(self.reward):
                 raise self._fail("reward", f"{self.reward} is not finite")

@@ -40,7 +40,7 @@ PIECES = [
     "   ",
     "",
     "<b>html</b> &amp; entities",
-    "Traceback (most recent call last):\n  File \"x.py\", line 1\nZeroDivisionError",
+    'Traceback (most recent call last):\n  File "x.py", line 1\nZeroDivisionError',
 ]
 
 
@@ -164,7 +164,9 @@ def test_tool_schemas_rendered_into_system_prompt(tokenizer):
         }
     ]
     session = ChatSession(
-        tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"}], tools
+        tokenizer,
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"}],
+        tools,
     )
     prompt = tokenizer.decode(session.prompt_ids)
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\n")
@@ -192,7 +194,9 @@ def test_template_that_drops_reasoning_is_detected(tokenizer):
     )
     session = ChatSession(tok, [{"role": "user", "content": "hi"}])
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    session.add_sampled(tok.encode("<think>hmm</think>answer", add_special_tokens=False) + [eos], "stop")
+    session.add_sampled(
+        tok.encode("<think>hmm</think>answer", add_special_tokens=False) + [eos], "stop"
+    )
     before = list(session.ids)
     with pytest.raises(ChatTemplateError, match="not append-only"):
         session.add_messages([{"role": "tool", "content": "x"}])

@@ -89,7 +89,7 @@ def _convert(src: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
     # The weights are already dequantized to fp32; drop the GGUF marker so they can be saved.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as a Module attribute)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

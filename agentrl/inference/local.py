@@ -1,0 +1,367 @@
+"""LocalSampler: the embedded, in-process sampler (a transformers causal LM on local torch).
+
+It owns one worker thread that batches concurrent requests (static batching): the
+pending requests are left-padded into one prefill, then decoded step by step with the
+KV cache, each row with its own params, stop ids and RNG. Callers stay on their own
+asyncio loops; results come back through `loop.call_soon_threadsafe`.
+
+Sampling, per row and step: `logits / temperature`, softmax, then top-p keeps the
+smallest set of most likely tokens whose mass reaches `top_p` and renormalises it. The
+reported logprob is that of the sampled token under exactly this distribution. With
+temperature 0 (greedy) the distribution is a point mass, so the logprob is 0.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from agentrl.errors import ConfigError, SamplerError
+from agentrl.inference.base import Completion, FinishReason, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplerStats:
+    """Counters that show batching at work."""
+
+    batches: int = 0
+    requests: int = 0
+    max_batch_size: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Completion]
+
+
+@dataclass
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    request: _Request
+    max_tokens: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+class _Closed(Exception):
+    """Raised inside the worker when close() interrupts a running batch."""
+
+
+class LocalSampler:
+    """Batched sampling from a transformers causal LM in this process (Sampler protocol)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        eos_token_ids: Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        max_batch_size: int = 16,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.max_batch_size = max_batch_size
+        gen_config = model.generation_config
+        eos = eos_token_ids if eos_token_ids is not None else _ids(gen_config.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        pad = pad_token_id if pad_token_id is not None else gen_config.pad_token_id
+        # Any id works for padding (it is masked out); fall back to an EOS id or 0.
+        self.pad_token_id = int(pad) if pad is not None else min(self.eos_token_ids, default=0)
+        self.context_length = int(model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
+
+        self._lock = threading.Lock()
+        self._policy_version = 0
+        self._stats = SamplerStats()
+        self._closed = False
+        self._stop = threading.Event()
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def embedded(cls, *, max_batch_size: int = 16) -> LocalSampler:
+        """A sampler over the embedded SmolLM2 model (converted once, then cached)."""
+        from agentrl.inference import embedded
+
+        tokenizer = embedded.load_tokenizer()
+        eos = tokenizer.eos_token_id
+        return cls(
+            embedded.load_model(),
+            eos_token_ids=None if eos is None else [int(eos)],
+            pad_token_id=tokenizer.pad_token_id,
+            max_batch_size=max_batch_size,
+        )
+
+    @property
+    def policy_version(self) -> int:
+        with self._lock:
+            return self._policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """Stamp `version` on every request whose generation starts from now on."""
+        with self._lock:
+            self._policy_version = version
+
+    @property
+    def stats(self) -> SamplerStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        """Sample a completion of `prompt_ids`; `session_id` is unused (one replica)."""
+        self._check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), params, loop, loop.create_future())
+        with self._lock:
+            if self._closed:
+                raise SamplerError(
+                    "the local sampler is closed", fix="create a new sampler to generate"
+                )
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._worker, name="agentrl-local-sampler", daemon=True
+                )
+                self._thread.start()
+            self._queue.put(request)
+        return await request.future
+
+    async def close(self) -> None:
+        """Stop the worker and fail every unfinished request; safe to call twice."""
+        await asyncio.to_thread(self._shutdown)
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise SamplerError("the prompt is empty", fix="pass at least one token id")
+        if len(prompt_ids) >= self.context_length:
+            raise SamplerError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                f"{self.context_length} (max_position_embeddings): no room to generate",
+                fix="shorten the prompt or end the episode with context_limit",
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise SamplerError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary (size {self.vocab_size})",
+                fix="tokenize with the tokenizer that belongs to this model",
+            )
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._stop.set()
+        self._queue.put(None)  # wake a worker blocked on an empty queue
+        if thread is not None:
+            thread.join()
+        # Requests that never reached a batch.
+        while True:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if request is not None:
+                _settle(request, _closed_error())
+
+    def _worker(self) -> None:
+        while not self._stop.is_set():
+            batch = self._take_batch()
+            if not batch:
+                continue
+            if self._stop.is_set():
+                for request in batch:
+                    _settle(request, _closed_error())
+                return
+            try:
+                completions = self._run_batch(batch)
+            except _Closed:
+                for request in batch:
+                    _settle(request, _closed_error())
+                return
+            except Exception as exc:
+                log.exception("local sampler batch of %d failed", len(batch))
+                for request in batch:
+                    error = SamplerError(f"local sampler failed: {exc!r}")
+                    error.__cause__ = exc
+                    _settle(request, error)
+                continue
+            for request, completion in zip(batch, completions, strict=True):
+                _settle(request, completion)
+
+    def _take_batch(self) -> list[_Request]:
+        first = self._queue.get()  # blocks until a request or the close() wake-up
+        batch = [first] if first is not None else []
+        while len(batch) < self.max_batch_size:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is not None:
+                batch.append(request)
+        return batch
+
+    @torch.inference_mode()
+    def _run_batch(self, batch: list[_Request]) -> list[Completion]:
+        with self._lock:
+            version = self._policy_version
+            self._stats.batches += 1
+            self._stats.requests += len(batch)
+            self._stats.max_batch_size = max(self._stats.max_batch_size, len(batch))
+        rows = [self._new_row(request) for request in batch]
+        device = self.model.device
+
+        # Left padding puts every row's last prompt token in the same column.
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids_B_T = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+        mask_B_T = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, request in enumerate(batch):
+            n = len(request.prompt_ids)
+            input_ids_B_T[i, width - n :] = torch.tensor(request.prompt_ids)
+            mask_B_T[i, width - n :] = 1
+        input_ids_B_T, mask_B_T = input_ids_B_T.to(device), mask_B_T.to(device)
+        positions_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
+
+        cache = DynamicCache(config=self.model.config)  # filled in place by every forward
+        out = self.model(
+            input_ids=input_ids_B_T,
+            attention_mask=mask_B_T,
+            position_ids=positions_B_T,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_position_B = positions_B_T[:, -1] + 1
+        while True:
+            next_ids_B = self._sample_step(rows, out.logits[:, -1, :])
+            if all(row.finish_reason is not None for row in rows):
+                break
+            if self._stop.is_set():
+                raise _Closed
+            # Finished rows keep decoding padding; their outputs are ignored.
+            mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(rows), 1))], dim=1)
+            out = self.model(
+                input_ids=next_ids_B[:, None],
+                attention_mask=mask_B_T,
+                position_ids=next_position_B[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+            # Finished rows could run past the context; their positions are never read.
+            next_position_B = (next_position_B + 1).clamp(max=self.context_length - 1)
+
+        with self._lock:
+            self._stats.tokens += sum(len(row.token_ids) for row in rows)
+        return [
+            Completion(
+                token_ids=row.token_ids,
+                logprobs=row.logprobs,
+                finish_reason=row.finish_reason or "length",
+                policy_version=version,
+            )
+            for row in rows
+        ]
+
+    def _new_row(self, request: _Request) -> _Row:
+        params = request.params
+        generator = torch.Generator(device=self.model.device)
+        if params.seed is None:
+            generator.seed()  # fresh entropy per request
+        else:
+            generator.manual_seed(params.seed)
+        return _Row(
+            request=request,
+            # Generation also ends where the model's context does.
+            max_tokens=min(params.max_tokens, self.context_length - len(request.prompt_ids)),
+            stop_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
+            generator=generator,
+        )
+
+    def _sample_step(self, rows: list[_Row], logits_B_V: torch.Tensor) -> torch.Tensor:
+        """Sample one token per unfinished row; returns the ids to feed next (pad if done)."""
+        # Greedy rows take the argmax; their 1.0 only avoids dividing by zero.
+        temperatures_B = torch.tensor(
+            [row.request.params.temperature or 1.0 for row in rows], device=logits_B_V.device
+        )
+        logprobs_B_V = torch.log_softmax(logits_B_V.float() / temperatures_B[:, None], dim=-1)
+        next_ids = []
+        for row, logprobs_V in zip(rows, logprobs_B_V, strict=True):
+            if row.finish_reason is not None:
+                next_ids.append(self.pad_token_id)
+                continue
+            token, logprob = _sample(logprobs_V, row.request.params, row.generator)
+            row.token_ids.append(token)
+            row.logprobs.append(logprob)
+            if token in row.stop_ids:
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= row.max_tokens:
+                row.finish_reason = "length"
+            next_ids.append(token)
+        return torch.tensor(next_ids, device=logits_B_V.device)
+
+
+def _sample(
+    logprobs_V: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, float]:
+    """Draw one token from tempered log-probs with top-p; return it and its logprob."""
+    if params.temperature == 0:
+        return int(logprobs_V.argmax()), 0.0  # greedy: a point mass
+    if params.top_p >= 1.0:
+        token = int(torch.multinomial(logprobs_V.exp(), 1, generator=generator))
+        return token, float(logprobs_V[token])
+    sorted_V, order_V = logprobs_V.sort(descending=True)
+    probs_V = sorted_V.exp()
+    # Keep a token while the mass before it is below top_p: the smallest set reaching top_p.
+    kept = int(((probs_V.cumsum(0) - probs_V) < params.top_p).sum())
+    nucleus = sorted_V[:kept] - torch.logsumexp(sorted_V[:kept], dim=0)
+    index = int(torch.multinomial(nucleus.exp(), 1, generator=generator))
+    return int(order_V[index]), float(nucleus[index])
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
+def _closed_error() -> SamplerError:
+    return SamplerError(
+        "the local sampler was closed before this request finished",
+        fix="close the sampler only after its requests are done",
+    )
+
+
+def _settle(request: _Request, result: Completion | SamplerError) -> None:
+    # RuntimeError: the caller's loop is closed, so nobody is waiting any more.
+    with contextlib.suppress(RuntimeError):
+        request.loop.call_soon_threadsafe(_set_future, request.future, result)
+
+
+def _set_future(future: asyncio.Future[Completion], result: Completion | SamplerError) -> None:
+    if future.done():
+        return  # the caller cancelled
+    if isinstance(result, SamplerError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

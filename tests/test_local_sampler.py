@@ -1,0 +1,231 @@
+"""LocalSampler on the real embedded SmolLM2 model: logprob fidelity, batching, seeds, errors.
+
+Every check compares the batched, KV-cached, left-padded sampler against a separate plain
+forward pass of the same model over prompt + sampled ids (batch of one, no padding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from agentrl.errors import SamplerError
+from agentrl.inference.base import Completion, SamplingParams
+from agentrl.inference.embedded import load_tokenizer
+from agentrl.inference.local import LocalSampler
+
+pytestmark = pytest.mark.model
+
+QUESTIONS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain in detail how photosynthesis works in plants, step by step.",
+    "List some fruits.",
+    "Describe the water cycle to a ten year old child, using simple words and examples.",
+]
+
+
+@pytest.fixture(scope="module")
+def sampler() -> Iterator[LocalSampler]:
+    s = LocalSampler.embedded()
+    yield s
+    asyncio.run(s.close())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        for q in QUESTIONS
+    ]
+    assert len({len(p) for p in ids}) == len(ids), "prompt lengths must differ to force padding"
+    return ids
+
+
+def generate_all(
+    sampler: LocalSampler, requests: list[tuple[list[int], SamplingParams]]
+) -> list[Completion]:
+    """Submit every request at once, so they land in the same batch(es)."""
+
+    async def go() -> list[Completion]:
+        return await asyncio.gather(*(sampler.generate(p, params) for p, params in requests))
+
+    return asyncio.run(go())
+
+
+def reference_logits(sampler: LocalSampler, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    """Logits that predicted each of `ids`, from one unpadded, uncached forward pass."""
+    with torch.inference_mode():
+        logits = sampler.model(torch.tensor([prompt + ids])).logits[0].float()
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(ids)]
+
+
+def test_logprobs_match_a_plain_forward_pass(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    before = sampler.stats
+    max_tokens = [24, 28, 32, 24]
+    params = [SamplingParams(max_tokens=n, temperature=1.0, top_p=1.0) for n in max_tokens]
+    completions = generate_all(sampler, list(zip(prompts, params, strict=True)))
+    assert sampler.stats.batches - before.batches < len(prompts)  # really batched
+
+    diffs = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        ids = completion.token_ids
+        ref_T = torch.log_softmax(reference_logits(sampler, prompt, ids), dim=-1)
+        ref = ref_T.gather(1, torch.tensor(ids)[:, None])[:, 0]
+        diffs.append((ref - torch.tensor(completion.logprobs)).abs())
+    mean_abs_diff = torch.cat(diffs).mean().item()
+    print(f"logprob mean |diff| vs plain forward: {mean_abs_diff:.2e}")
+    assert mean_abs_diff < 1e-4
+
+
+def test_logprobs_follow_temperature_and_top_p(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    temperature, top_p = 0.7, 0.9
+    params = SamplingParams(max_tokens=20, temperature=temperature, top_p=top_p, seed=3)
+    completions = generate_all(sampler, [(p, params) for p in prompts[:2]])
+
+    truncated_mass = []
+    for prompt, completion in zip(prompts[:2], completions, strict=True):
+        logits_T_V = reference_logits(sampler, prompt, completion.token_ids)
+        for logits_V, token, logprob in zip(
+            logits_T_V, completion.token_ids, completion.logprobs, strict=True
+        ):
+            logp_V = torch.log_softmax(logits_V / temperature, dim=-1)
+            sorted_V, order_V = logp_V.sort(descending=True)
+            # The nucleus: the fewest most-likely tokens whose mass reaches top_p.
+            size = int(torch.searchsorted(sorted_V.exp().cumsum(0), top_p)) + 1
+            nucleus = order_V[:size]
+            log_mass = torch.logsumexp(sorted_V[:size], dim=0)
+            assert token in nucleus.tolist()
+            assert logprob == pytest.approx(float(logp_V[token] - log_mass), abs=1e-4)
+            truncated_mass.append(-float(log_mass))
+    assert max(truncated_mass) > 1e-3, "top_p never truncated anything: the test proves nothing"
+
+
+def test_greedy_is_the_argmax_of_a_plain_forward_pass(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    completions = generate_all(sampler, [(p, params) for p in prompts[:2]])
+    for prompt, completion in zip(prompts[:2], completions, strict=True):
+        argmax = reference_logits(sampler, prompt, completion.token_ids).argmax(dim=-1)
+        assert completion.token_ids == argmax.tolist()
+        assert completion.logprobs == [0.0] * len(completion.token_ids)  # a point mass
+
+
+def test_finish_reason_length_and_stop(sampler: LocalSampler, prompts: list[list[int]]) -> None:
+    greedy = generate_all(sampler, [(prompts[1], SamplingParams(max_tokens=8, temperature=0))])[0]
+    assert greedy.finish_reason == "length"
+    assert len(greedy.token_ids) == 8
+
+    # Stop on the first greedy token that did not occur before it: greedy output is fixed.
+    ids = greedy.token_ids
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    params = SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(ids[k],))
+    stopped = generate_all(sampler, [(prompts[1], params)])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == ids[: k + 1]
+    assert stopped.token_ids[-1] == ids[k]
+
+
+def test_seed_gives_the_same_tokens_alone_and_in_a_batch(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
+    alone = generate_all(sampler, [(prompts[2], seeded)])[0]
+
+    before = sampler.stats
+    others = SamplingParams(max_tokens=10, temperature=1.0)
+    # The seeded request goes last: it shares a batch with at least one longer prompt.
+    batched = generate_all(
+        sampler, [(prompts[0], others), (prompts[3], others), (prompts[2], seeded)]
+    )
+    assert sampler.stats.batches - before.batches < 3
+    assert batched[2].token_ids == alone.token_ids
+    assert batched[2].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_concurrent_requests_are_batched_and_stamped(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    local = LocalSampler(sampler.model, eos_token_ids=sampler.eos_token_ids)
+    local.set_policy_version(5)
+    requests = [(prompts[i % len(prompts)], SamplingParams(max_tokens=4, seed=i)) for i in range(8)]
+
+    async def go() -> list[Completion]:
+        try:
+            return await asyncio.gather(*(local.generate(p, params) for p, params in requests))
+        finally:
+            await local.close()
+
+    completions = asyncio.run(go())
+    stats = local.stats
+    assert stats.requests == 8
+    assert stats.batches < 8
+    assert stats.max_batch_size >= 2
+    assert all(c.policy_version == 5 for c in completions)
+    assert all(1 <= len(c.token_ids) <= 4 for c in completions)
+
+
+def test_errors_and_close(sampler: LocalSampler, prompts: list[list[int]]) -> None:
+    local = LocalSampler(sampler.model, eos_token_ids=sampler.eos_token_ids)
+    params = SamplingParams(max_tokens=500, temperature=1.0)
+
+    async def go() -> None:
+        with pytest.raises(SamplerError, match="context"):
+            await local.generate([1] * local.context_length, params)
+        with pytest.raises(SamplerError, match="outside the vocabulary"):
+            await local.generate([local.vocab_size], params)
+
+        # close() fails a request that is still running instead of leaving it hanging.
+        running = asyncio.create_task(local.generate(prompts[0], params))
+        while local.stats.batches == 0:
+            await asyncio.sleep(0.01)
+        await local.close()
+        with pytest.raises(SamplerError, match="closed"):
+            await running
+
+        with pytest.raises(SamplerError, match="closed"):
+            await local.generate(prompts[0], params)
+        await local.close()  # idempotent
+
+    asyncio.run(asyncio.wait_for(go(), timeout=60))
+
+
+def test_a_failing_batch_fails_its_requests_and_the_worker_survives(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    # A pad id outside the vocabulary makes the real prefill fail, but only when it pads.
+    local = LocalSampler(sampler.model, eos_token_ids=sampler.eos_token_ids, pad_token_id=10**9)
+    params = SamplingParams(max_tokens=2)
+
+    async def go() -> Completion:
+        try:
+            results = await asyncio.gather(
+                *(local.generate(p, params) for p in prompts[:2]), return_exceptions=True
+            )
+            assert local.stats.batches == 1
+            for result in results:
+                assert isinstance(result, SamplerError)
+                assert "local sampler failed" in str(result)
+            return await local.generate(prompts[0], params)  # alone: nothing to pad
+        finally:
+            await local.close()
+
+    assert len(asyncio.run(asyncio.wait_for(go(), timeout=60)).token_ids) >= 1

@@ -58,3 +58,17 @@ class ImageBuildError(AgentRLError, RuntimeError):
 
 class SamplerError(AgentRLError, RuntimeError):
     """A sampler could not serve a request."""
+
+
+class SandboxError(AgentRLError, RuntimeError):
+    """A sandbox failed (gone, unreachable, a missing image); a bad rollout, not a crash."""
+
+
+class SandboxFileNotFound(SandboxError, FileNotFoundError):
+    """A path asked of a sandbox does not exist there."""
+
+
+class BrowserError(AgentRLError, RuntimeError):
+    """Chromium is missing, does not start, or died under a running episode."""
+
+    default_fix = "apt-get install -y chromium  (or set AGENTRL_CHROMIUM=/path/to/chromium)"

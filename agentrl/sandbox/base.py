@@ -1,0 +1,130 @@
+"""The sandbox seam: a provider starts sandboxes, a sandbox runs things.
+
+Everything that crosses this seam is a pydantic model (picklable config and
+request/response records); live objects (containers, sockets, shells) stay inside
+the implementation. Two implementations: `docker` and `local`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from pexpect.spawnbase import SpawnBase
+
+
+OUTPUT_KEEP_BYTES = 1 << 20
+"""`exec` keeps this many bytes of output from the start and as many from the end."""
+ELISION = "\n[... {n} bytes elided ...]\n"
+FORCED_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_EDITOR": "true"}
+"""Set in every sandbox (over `SandboxSpec.env`), so no command waits in a pager or editor."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxSpec(_Model):
+    """How to start one sandbox (picklable; crosses process boundaries)."""
+
+    image: str = Field(default="agentrl/base:bookworm", description="image (docker) to start")
+    workdir: str = Field(default="/workspace", description="working directory inside")
+    cpus: float = Field(default=1.0, gt=0, description="CPU limit (cores)")
+    memory_mb: int = Field(default=1024, ge=16, description="memory limit (MiB), swap included")
+    pids: int = Field(default=256, ge=8, description="process limit (stops fork bombs)")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    ttl_seconds: int = Field(
+        default=4 * 3600, ge=10, description="the sandbox ends itself after this, driver or not"
+    )
+    run_id: str = Field(default="adhoc", description="labels the sandbox agentrl.run=<run_id>")
+    name: str | None = Field(default=None, description="e.g. the trajectory id, for labels")
+
+
+class ExecRequest(_Model):
+    """One command to run to completion (not through the persistent shell)."""
+
+    command: str | list[str] = Field(description="a shell string (run by bash -c) or argv")
+    timeout: float = Field(default=60.0, gt=0, description="seconds before it is killed")
+    workdir: str | None = Field(default=None, description="default: the sandbox workdir")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ExecResult(_Model):
+    exit_code: int | None = Field(description="None when killed by the timeout")
+    output: str = Field(description="stdout and stderr interleaved, decoded as UTF-8")
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+class HeadTail:
+    """Keeps the first and last `keep` bytes of a stream, so huge output costs bounded memory."""
+
+    def __init__(self, keep: int = OUTPUT_KEEP_BYTES) -> None:
+        self.keep = keep
+        self.total = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.keep - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        self._tail += data
+        if len(self._tail) > 2 * self.keep:  # trim in batches: amortized O(1) per byte
+            del self._tail[: len(self._tail) - self.keep]
+
+    def text(self) -> str:
+        """Decoded as UTF-8 (errors replaced), with a marker where bytes were dropped."""
+        tail = bytes(self._tail[-self.keep :]) if self._tail else b""
+        elided = self.total - len(self._head) - len(tail)
+        if elided <= 0:
+            return (bytes(self._head) + tail).decode(errors="replace")
+        marker = ELISION.format(n=elided)
+        return bytes(self._head).decode(errors="replace") + marker + tail.decode(errors="replace")
+
+
+class Sandbox(Protocol):
+    """A running sandbox. `close()` is idempotent and always removes it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    async def exec(self, request: ExecRequest) -> ExecResult: ...
+
+    async def shell(self, argv: list[str]) -> SpawnBase:
+        """An interactive process (a pty, bytes mode, echo on) inside the sandbox."""
+        ...
+
+    async def kill_shell(self, shell: SpawnBase) -> None:
+        """Kill a `shell()` process and everything it started; idempotent.
+
+        A caller restarts a wedged shell with `kill_shell(old)` then `shell(argv)`.
+        """
+        ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    async def snapshot(self, label: str) -> str:
+        """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class SandboxProvider(Protocol):
+    """Starts sandboxes of one kind; `restore` starts one from a snapshot id."""
+
+    name: Literal["docker", "local"]
+
+    async def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> Sandbox: ...

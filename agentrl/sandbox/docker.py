@@ -1,0 +1,642 @@
+"""The `docker` provider: each sandbox is one container on the local Docker engine.
+
+A container starts with no network, CPU/memory/pids limits, every capability dropped
+but the few a root shell needs, and `no-new-privileges`. It is labelled with its run,
+its owner (`host:pid`) and an expiry, and its main process is `sleep <ttl>` under
+docker-init (which also reaps zombies), so it stops by itself when the TTL passes.
+Teardown: `close()` (idempotent, shielded from cancellation), an atexit backstop, and
+`reap()`, which every new provider runs and `gc()` (`agentrl gc`) exposes.
+
+Blocking SDK calls run in threads; command output is read from the exec's socket on
+the event loop, so a long command holds no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import io
+import logging
+import os
+import posixpath
+import re
+import socket
+import ssl
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from pexpect.fdpexpect import fdspawn
+from pydantic import BaseModel, ConfigDict
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
+from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
+from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.procs import kill_session
+
+log = logging.getLogger(__name__)
+
+RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
+SNAPSHOT_OF = "agentrl.snapshot"
+SNAPSHOT_REPO = "agentrl-snapshot"
+# What a root shell needs for ordinary work (files, chmod/chown, git, su to a user).
+CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
+SHELL_ROWS, SHELL_COLUMNS = 24, 200
+MERGE = 'exec "$@" 2>&1'
+GUARD_S = 10.0  # the client gives up this long after the in-container timeout should fire
+_DIR, _SYMLINK = 1 << 31, 1 << 27  # Go's os.ModeDir and os.ModeSymlink, as get_archive reports
+
+T = TypeVar("T")
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, APIError):
+        return bool(exc.is_server_error())
+    return isinstance(exc, requests.ConnectionError | requests.ReadTimeout)
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(3),
+    wait=wait_exponential(multiplier=0.5, max=4),
+    reraise=True,
+)
+
+
+def owner() -> str:
+    """This process as the `agentrl.owner` label names it."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class GcReport(BaseModel):
+    """What `gc` or `remove_run` removed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    containers: int = 0
+    snapshots: int = 0
+
+
+class DockerProvider:
+    """Starts `DockerSandbox`es; reaps what dead runs left when constructed."""
+
+    name: Literal["docker", "local"] = "docker"
+
+    def __init__(
+        self,
+        *,
+        max_concurrent_starts: int = 8,
+        starts_per_second: float = 10.0,
+        reap_at_start: bool = True,
+    ) -> None:
+        if max_concurrent_starts < 1 or starts_per_second <= 0:
+            raise ConfigError(
+                "docker provider: max_concurrent_starts must be >= 1 and starts_per_second > 0",
+                fix="e.g. max_concurrent_starts=8, starts_per_second=10",
+            )
+        self.client = docker_client()
+        self._starts = asyncio.Semaphore(max_concurrent_starts)
+        self._rate = _TokenBucket(starts_per_second)
+        if reap_at_start:
+            removed = reap(self.client)
+            log.log(logging.INFO if removed else logging.DEBUG, "reaped %d container(s)", removed)
+
+    async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        return await self._launch(spec, spec.image)
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> DockerSandbox:
+        """A new sandbox from a `snapshot()` image, with `spec`'s limits and labels."""
+        return await self._launch(spec, snapshot_id)
+
+    async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
+        async with self._starts:
+            await self._rate.acquire()
+            task = asyncio.ensure_future(asyncio.to_thread(_create, self.client, spec, image))
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # The thread still finishes the start; remove what it makes.
+                task.add_done_callback(_close_in_background)
+                raise
+
+
+class DockerSandbox:
+    """One container. `close()` removes it; every call after that raises SandboxError."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str, spec: SandboxSpec) -> None:
+        self._api = client.api
+        self._id = container_id
+        self._spec = spec
+        self._shells: dict[int, _Shell] = {}
+        self._shell_count = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        _track(self)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self._spec.workdir, path))
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        """Run to completion; coreutils `timeout` kills the command's process group inside."""
+        self._check_open()
+        command = request.command
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        started = time.monotonic()
+        created = await self._call(
+            self._api.exec_create,
+            self._id,
+            # One pipe for both streams keeps their order; docker's two would race.
+            ["timeout", "-s", "KILL", f"{request.timeout:.3f}", "sh", "-c", MERGE, "sh", *argv],
+            workdir=self._path(request.workdir or "."),
+            environment=request.env or None,
+        )
+        stream = await self._call(self._api.exec_start, created["Id"], socket=True)
+        output, guard_fired = HeadTail(), False
+        raw: socket.socket = _raw_socket(stream)
+        try:
+            raw.setblocking(False)
+            await asyncio.wait_for(_read_frames(raw, output), request.timeout + GUARD_S)
+        except TimeoutError:
+            guard_fired = True
+        finally:
+            stream.close()  # drops docker-py's reference; closing `raw` ends the connection
+            raw.close()
+        code = await self._exit_code(created["Id"])
+        seconds = time.monotonic() - started
+        if code in (137, None) and not await self._running():
+            raise self._gone("its container stopped while a command ran")
+        timed_out = guard_fired or (code in (124, 137) and seconds >= request.timeout)
+        return ExecResult(
+            exit_code=None if timed_out else code,
+            output=output.text(),
+            timed_out=timed_out,
+            seconds=seconds,
+        )
+
+    async def shell(self, argv: list[str]) -> fdspawn:
+        """A pexpect `fdspawn` (bytes mode, tty echo on, 200 columns) over the exec's socket.
+
+        A wedged shell is restarted with `await kill_shell(old)` then `await shell(argv)`.
+        """
+        self._check_open()
+        self._shell_count += 1
+        pidfile = f"/tmp/.agentrl-shell-{self._shell_count}.pid"
+        # runc makes each exec a session leader; its pid (saved here) names the session.
+        wrapped = ["sh", "-c", 'echo $$ > "$0"; exec "$@"', pidfile, *argv]
+        created = await self._call(
+            self._api.exec_create,
+            self._id,
+            wrapped,
+            stdin=True,
+            tty=True,
+            workdir=self._spec.workdir,
+        )
+        stream = await self._call(self._api.exec_start, created["Id"], socket=True, tty=True)
+        raw: socket.socket = _raw_socket(stream)
+        raw.settimeout(None)
+        # A dup of its own, so pexpect's close() cannot close an fd number the socket owns.
+        spawn = fdspawn(os.dup(raw.fileno()), encoding=None, maxread=1 << 16, use_poll=True)
+        self._shells[id(spawn)] = _Shell(created["Id"], pidfile, stream, spawn)
+        with contextlib.suppress(SandboxError):  # the shell may already have exited
+            await self._call(
+                self._api.exec_resize, created["Id"], height=SHELL_ROWS, width=SHELL_COLUMNS
+            )
+        return spawn
+
+    async def kill_shell(self, shell: Any) -> None:
+        """SIGKILL a `shell()` and every process in its session, and release its socket."""
+        record = self._shells.pop(id(shell), None)
+        if record is None:
+            with contextlib.suppress(Exception):
+                shell.close()
+            return
+        # From the host first: it needs no free pid in the container (a fork bomb may hold
+        # them all). The engine's exec Pid is the session leader, in the host's pid space.
+        with contextlib.suppress(SandboxError, KeyError, TypeError, ValueError):
+            info = await self._call(self._api.exec_inspect, record.exec_id)
+            if info.get("Pid"):
+                kill_session(int(info["Pid"]), cgroup_marker=self._id)
+        script = (
+            f'p=$(cat {record.pidfile} 2>/dev/null); rm -f {record.pidfile}; [ -n "$p" ] || exit 0;'
+            ' pkill -KILL -s "$p" || kill -KILL -- -"$p" "$p"'
+        )
+        if not self._closed:
+            with contextlib.suppress(SandboxError):
+                await self.exec(ExecRequest(command=["sh", "-c", script], timeout=10))
+        record.release()
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        target = self._path(path)
+        for _ in range(8):  # symlink hops; get_archive returns a link, not its target
+            try:
+                data, stat = await asyncio.to_thread(_get_archive, self._api, self._id, target)
+            except NotFound as exc:
+                if "no such container" in str(exc).lower():
+                    raise self._gone("its container was removed") from exc
+                raise SandboxFileNotFound(
+                    f"{path}: no such file in sandbox {self._id[:12]}", fix="check the path"
+                ) from exc
+            except (DockerException, requests.RequestException) as exc:
+                raise self._error(exc) from exc
+            if stat["mode"] & _DIR:
+                raise SandboxError(f"{path} is a directory in sandbox {self._id[:12]}")
+            if not stat["mode"] & _SYMLINK:
+                with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+                    member = archive.extractfile(archive.getmembers()[0])
+                    return member.read() if member is not None else b""
+            target = posixpath.join(posixpath.dirname(target), stat["linkTarget"])
+        raise SandboxError(f"{path}: too many levels of symbolic links")
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write through the API (binary-safe), creating parent directories."""
+        self._check_open()
+        target = self._path(path)
+        parent, archive = posixpath.dirname(target), _tar(posixpath.basename(target), data, mode)
+        try:
+            await asyncio.to_thread(self._api.put_archive, self._id, parent, archive)
+            return
+        except NotFound as exc:
+            if "no such container" in str(exc).lower():
+                raise self._gone("its container was removed") from exc
+        except (DockerException, requests.RequestException) as exc:
+            raise self._error(exc) from exc
+        made = await self.exec(ExecRequest(command=["mkdir", "-p", parent], timeout=30))
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot create {parent} in sandbox: {made.output.strip()[:200]}")
+        await self._call(self._api.put_archive, self._id, parent, archive)
+
+    async def snapshot(self, label: str) -> str:
+        """Commit to `agentrl-snapshot/<run>:<name>-<label>`; returns the image id."""
+        self._check_open()
+        spec = self._spec
+        tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
+        labels = {RUN: spec.run_id, SNAPSHOT_OF: spec.run_id, OWNER: owner(), NAME: spec.name or ""}
+        image = await self._call(
+            self._api.commit,
+            self._id,
+            repository=f"{SNAPSHOT_REPO}/{_slug(spec.run_id)}",
+            tag=tag.lstrip(".-")[:128] or "snapshot",
+            conf={"Labels": labels},
+        )
+        return str(image["Id"])
+
+    async def close(self) -> None:
+        # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
+        await asyncio.shield(asyncio.to_thread(self.close_now))
+
+    def close_now(self) -> None:
+        """Synchronous, idempotent removal (also what the atexit backstop calls)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for record in self._shells.values():
+                record.release()
+            self._shells.clear()
+            try:
+                _remove(self._api, self._id)
+            except (DockerException, requests.RequestException) as exc:
+                log.warning("could not remove sandbox %s (reap will): %s", self._id[:12], exc)
+        with _live_lock:
+            _live.pop(self._id, None)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except NotFound as exc:
+            raise self._gone("its container was removed") from exc
+        except (DockerException, requests.RequestException) as exc:
+            raise self._error(exc) from exc
+
+    async def _exit_code(self, exec_id: str) -> int | None:
+        for _ in range(50):  # the stream can end a moment before the engine records the exit
+            info = await self._call(self._api.exec_inspect, exec_id)
+            if not info["Running"]:
+                return info["ExitCode"]  # type: ignore[no-any-return]
+            await asyncio.sleep(0.02)
+        return None
+
+    async def _running(self) -> bool:
+        try:
+            state = (await self._call(self._api.inspect_container, self._id))["State"]
+        except SandboxError:
+            return False
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    def _error(self, exc: BaseException) -> SandboxError:
+        text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
+        first = str(text).strip().splitlines()[0][:300]
+        if isinstance(exc, APIError) and exc.status_code == 409 and "not running" in first:
+            return self._gone("its container is not running")
+        return SandboxError(f"sandbox {self._id[:12]}: docker: {first}")
+
+    def _gone(self, why: str) -> SandboxError:
+        return SandboxError(
+            f"sandbox {self._id[:12]} is gone: {why}",
+            fix="start a new sandbox (it was removed from outside, or its TTL passed)",
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id[:12]} is closed", fix="start a new sandbox")
+
+
+@dataclass
+class _Shell:
+    exec_id: str
+    pidfile: str
+    stream: Any  # docker-py's SocketIO: holding it keeps the connection open
+    spawn: fdspawn
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):
+            self.spawn.close()
+        raw = getattr(self.stream, "_sock", None)
+        with contextlib.suppress(Exception):
+            self.stream.close()
+            if raw is not None:
+                raw.close()
+
+
+class _TokenBucket:
+    """At most `rate` acquisitions per second on average, in bursts of up to `rate`."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.burst = rate, max(1.0, rate)
+        self.tokens, self.last = self.burst, time.monotonic()
+
+    async def acquire(self) -> None:
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+            self.last = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return
+            await asyncio.sleep((1 - self.tokens) / self.rate)
+
+
+def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> DockerSandbox:
+    """Create and start a container (blocking; runs in a thread)."""
+    api = client.api
+    name = f"agentrl-{_slug(spec.run_id)[:40]}-{uuid.uuid4().hex[:10]}"
+    labels = {
+        RUN: spec.run_id,
+        NAME: spec.name or "",
+        OWNER: owner(),
+        EXPIRES: str(int(time.time()) + spec.ttl_seconds),
+    }
+    host_config = api.create_host_config(
+        network_mode="none",
+        init=True,
+        nano_cpus=int(spec.cpus * 1e9),
+        mem_limit=f"{spec.memory_mb}m",
+        memswap_limit=f"{spec.memory_mb}m",
+        pids_limit=spec.pids,
+        cap_drop=["ALL"],
+        cap_add=CAPS,
+        security_opt=["no-new-privileges"],
+        privileged=False,
+    )
+
+    @_retry
+    def create() -> str:
+        try:
+            return str(
+                api.create_container(
+                    image,
+                    entrypoint=["sleep"],
+                    command=[str(spec.ttl_seconds)],
+                    name=name,
+                    labels=labels,
+                    working_dir=spec.workdir,
+                    environment={**spec.env, **FORCED_ENV},
+                    host_config=host_config,
+                    detach=True,
+                )["Id"]
+            )
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: an earlier attempt made it after all
+                raise
+            return str(api.inspect_container(name)["Id"])
+
+    try:
+        container_id = create()
+    except ImageNotFound as exc:
+        snapshot = image.startswith("sha256:") or image.startswith(f"{SNAPSHOT_REPO}/")
+        fix = (
+            "the snapshot was removed (agentrl gc --snapshots); snapshot again"
+            if snapshot
+            else f"agentrl images build {image.split('/')[-1].split(':')[0]}"
+            if image.startswith("agentrl/")
+            else f"docker pull {image} (or docker load it)"
+        )
+        raise SandboxError(f"image {image} not found", fix=fix) from exc
+    except (DockerException, requests.RequestException) as exc:
+        raise SandboxError(f"cannot create a sandbox from {image}: {_first_line(exc)}") from exc
+    sandbox = DockerSandbox(client, container_id, spec)
+    try:
+        _retry(api.start)(container_id)
+    except (DockerException, requests.RequestException) as exc:
+        sandbox.close_now()
+        raise SandboxError(f"sandbox from {image} did not start: {_first_line(exc)}") from exc
+    except BaseException:
+        sandbox.close_now()
+        raise
+    return sandbox
+
+
+async def _read_frames(raw: socket.socket, output: HeadTail) -> None:
+    """Read a non-tty exec stream: frames of [kind, 0, 0, 0, size (4 bytes BE), payload]."""
+    loop = asyncio.get_running_loop()
+    pending = bytearray()
+    while data := await loop.sock_recv(raw, 1 << 16):
+        pending += data
+        start = 0
+        while len(pending) - start >= 8:
+            size = int.from_bytes(pending[start + 4 : start + 8], "big")
+            if len(pending) - start - 8 < size:
+                break
+            output.feed(bytes(pending[start + 8 : start + 8 + size]))
+            start += 8 + size
+        del pending[:start]
+
+
+def _raw_socket(stream: Any) -> socket.socket:
+    """The socket under docker-py's SocketIO (a local engine: unix socket or plain TCP)."""
+    raw = getattr(stream, "_sock", stream)
+    if not isinstance(raw, socket.socket) or isinstance(raw, ssl.SSLSocket):
+        stream.close()
+        raise SandboxError(
+            f"exec streams over {type(raw).__name__} are not supported",
+            fix="use a local engine (unix socket or plain TCP DOCKER_HOST)",
+        )
+    return raw
+
+
+def _get_archive(api: Any, container_id: str, path: str) -> tuple[bytes, dict[str, Any]]:
+    stream, stat = api.get_archive(container_id, path)
+    return b"".join(stream), stat
+
+
+def _tar(name: str, data: bytes, mode: int) -> bytes:
+    buffer = io.BytesIO()
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _slug(text: str) -> str:
+    """A lowercase form valid in image repository and container names."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "run"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
+    return str(text).strip().splitlines()[0][:300]
+
+
+@_retry
+def _remove(api: Any, container_id: str) -> None:
+    try:
+        api.remove_container(container_id, force=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        if exc.status_code != 409 or "already in progress" not in str(exc):
+            raise
+
+
+# ---- leftovers: the atexit backstop, the reaper and gc ----
+
+_live: dict[str, DockerSandbox] = {}
+_live_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _track(sandbox: DockerSandbox) -> None:
+    global _atexit_registered
+    with _live_lock:
+        _live[sandbox.id] = sandbox
+        if not _atexit_registered:
+            _atexit_registered = True
+            atexit.register(_close_all)
+
+
+def _close_all() -> None:
+    with _live_lock:
+        left = list(_live.values())
+    for sandbox in left:
+        sandbox.close_now()
+
+
+def _close_in_background(task: asyncio.Future[DockerSandbox]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        threading.Thread(target=task.result().close_now, name="agentrl-sandbox-close").start()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_dead(labels: dict[str, str]) -> bool:
+    host, _, pid = labels.get(OWNER, "").rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+
+
+def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
+    """Remove agentrl containers that exited, expired, or whose owner died on this host."""
+    filters = {"label": [f"{RUN}={run_id}" if run_id else RUN, OWNER]}
+    removed, now = 0, time.time()
+    for summary in client.api.containers(all=True, filters=filters):
+        labels = summary.get("Labels") or {}
+        expires = labels.get(EXPIRES, "")
+        expired = expires.isdigit() and int(expires) < now
+        if summary.get("State") in ("exited", "dead") or expired or _owner_dead(labels):
+            try:
+                _remove(client.api, summary["Id"])
+                removed += 1
+            except (DockerException, requests.RequestException) as exc:
+                log.warning("could not reap %s: %s", summary["Id"][:12], _first_line(exc))
+    return removed
+
+
+def remove_run(client: docker.DockerClient, run_id: str, *, snapshots: bool = False) -> GcReport:
+    """Remove every container of `run_id`, alive or not (and its snapshots if asked)."""
+    containers = client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"})
+    for summary in containers:
+        _remove(client.api, summary["Id"])
+    images = _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else 0
+    return GcReport(containers=len(containers), snapshots=images)
+
+
+def gc(
+    *, run_id: str | None = None, snapshots: bool = False, client: docker.DockerClient | None = None
+) -> GcReport:
+    """What `agentrl gc` does: reap dead runs' containers and, if asked, their snapshots.
+
+    A snapshot's run is dead when its owner process on this host is gone and no
+    container of the run is left; snapshots made on other hosts are kept.
+    """
+    own = client is None
+    client = client or docker_client()
+    try:
+        containers = reap(client, run_id=run_id)
+        images = 0
+        if snapshots:
+            live_runs = {
+                (c.get("Labels") or {}).get(RUN)
+                for c in client.api.containers(all=True, filters={"label": RUN})
+            }
+
+            def dead(labels: dict[str, str]) -> bool:
+                wanted = run_id is None or labels.get(RUN) == run_id
+                return wanted and _owner_dead(labels) and labels.get(RUN) not in live_runs
+
+            images = _remove_snapshots(client, dead)
+        return GcReport(containers=containers, snapshots=images)
+    finally:
+        if own:
+            client.close()
+
+
+def _remove_snapshots(client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]) -> int:
+    removed = 0
+    images = client.api.images(all=True, filters={"label": SNAPSHOT_OF})
+    # Newest first: a snapshot of a restored snapshot is a child of the older image.
+    for image in sorted(images, key=lambda i: i.get("Created", 0), reverse=True):
+        if doomed(image.get("Labels") or {}):
+            try:
+                client.api.remove_image(image["Id"], force=True)
+                removed += 1
+            except NotFound:
+                pass
+            except (DockerException, requests.RequestException) as exc:
+                log.warning("kept snapshot %s: %s", image["Id"][:19], _first_line(exc))
+    return removed

@@ -1,0 +1,290 @@
+"""The `local` provider: a sandbox is a temporary directory on this machine.
+
+For trying agentrl without Docker. There is NO isolation: commands run as you, with
+your network, your processes and your files. Only `spec.workdir` is redirected: a
+path under it lands in the temporary directory, any other absolute path is the host's
+own. Snapshots are directory copies under `$AGENTRL_CACHE/snapshots/local/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import pexpect
+
+from agentrl.errors import SandboxError, SandboxFileNotFound
+from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
+from agentrl.sandbox.procs import kill_session
+
+log = logging.getLogger(__name__)
+
+SHELL_DIMENSIONS = (24, 200)
+# Like `docker exec`: once the command exits, wait this long for its background children
+# to let go of the output pipe, then stop reading (they keep running).
+PIPE_GRACE_S = 1.0
+NO_ISOLATION = (
+    "sandbox provider 'local' has NO isolation: agent commands run as %s on this machine "
+    "with its network and files (only %s is redirected to a temp dir); use 'docker' for "
+    "anything but trying things out"
+)
+
+_warned = False
+_live: dict[str, LocalSandbox] = {}
+_live_lock = threading.Lock()
+_atexit_registered = False
+
+
+def snapshots_dir() -> Path:
+    """Where local snapshots live (same root as agentrl.inference.embedded.cache_root)."""
+    # Read here rather than imported: sandbox sits below inference and must not import it.
+    root = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
+    return root / "snapshots" / "local"
+
+
+class LocalProvider:
+    """Starts `LocalSandbox`es; warns loudly, once per process, that they isolate nothing."""
+
+    name: Literal["docker", "local"] = "local"
+
+    def __init__(self) -> None:
+        global _warned
+        if not _warned:
+            _warned = True
+            log.warning(NO_ISOLATION, os.environ.get("USER", f"uid {os.getuid()}"), "the workdir")
+
+    async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        return LocalSandbox(spec, Path(tempfile.mkdtemp(prefix="agentrl-local-")))
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> LocalSandbox:
+        source = snapshots_dir() / snapshot_id
+        if "/" in snapshot_id or snapshot_id.startswith(".") or not source.is_dir():
+            raise SandboxError(
+                f"no local snapshot {snapshot_id!r} in {snapshots_dir()}",
+                fix="pass an id that LocalSandbox.snapshot returned (with the same AGENTRL_CACHE)",
+            )
+        root = Path(tempfile.mkdtemp(prefix="agentrl-local-"))
+        sandbox = LocalSandbox(spec, root)
+        try:
+            await asyncio.to_thread(
+                shutil.copytree, source, root, symlinks=True, dirs_exist_ok=True
+            )
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+
+class LocalSandbox:
+    """A temporary directory standing in for `spec.workdir`; `close()` deletes it."""
+
+    def __init__(self, spec: SandboxSpec, root: Path) -> None:
+        self._spec = spec
+        self.root = root.resolve()
+        self._id = f"local-{self.root.name.removeprefix('agentrl-local-')}"
+        self._running: set[int] = set()  # session ids of execs in flight
+        self._shells: list[pexpect.spawn] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        _track(self)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    def path(self, path: str) -> Path:
+        """Where `path`, as the sandbox names it, lies on this machine."""
+        posix, workdir = PurePosixPath(path), PurePosixPath(self._spec.workdir)
+        if not posix.is_absolute():
+            return self.root / posix
+        if posix == workdir or workdir in posix.parents:
+            return self.root / posix.relative_to(workdir)
+        return Path(posix)
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        return {**os.environ, **self._spec.env, **FORCED_ENV, **extra}
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self._check_open()
+        command = request.command
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        cwd = self.path(request.workdir or self._spec.workdir)
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        collector = _Collector()
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: collector,
+                *argv,
+                cwd=cwd,
+                env=self._env(request.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session: a timeout kills all it started
+            )
+        except OSError as exc:
+            what = "directory" if not cwd.is_dir() else "command"
+            output = f"cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc} ({what})\n"
+            return ExecResult(exit_code=127, output=output, seconds=time.monotonic() - started)
+        self._running.add(transport.get_pid())
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(collector.exited.wait(), request.timeout)
+            except TimeoutError:
+                timed_out = True
+                kill_session(transport.get_pid())
+                await collector.exited.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(collector.eof.wait(), PIPE_GRACE_S)
+        finally:
+            if transport.get_returncode() is None:  # cancelled: leave nothing running
+                kill_session(transport.get_pid())
+            self._running.discard(transport.get_pid())
+            transport.close()
+        code = transport.get_returncode()
+        exit_code = None if timed_out or code is None else (128 - code if code < 0 else code)
+        return ExecResult(
+            exit_code=exit_code,
+            output=collector.output.text(),
+            timed_out=timed_out,
+            seconds=time.monotonic() - started,
+        )
+
+    async def shell(self, argv: list[str]) -> pexpect.spawn:
+        """A pexpect spawn (bytes mode, pty echo on, 200 columns) in the workdir."""
+        self._check_open()
+        env = {**self._env({}), "TERM": self._spec.env.get("TERM", "xterm")}  # as docker's tty
+        child = pexpect.spawn(
+            argv[0],
+            argv[1:],
+            cwd=str(self.path(self._spec.workdir)),
+            env=env,
+            encoding=None,
+            dimensions=SHELL_DIMENSIONS,
+            use_poll=True,
+        )
+        self._shells.append(child)
+        return child
+
+    async def kill_shell(self, shell: pexpect.spawn) -> None:
+        """Kill the shell and every process in its session; then `shell()` starts a new one."""
+        if shell.pid is not None:
+            kill_session(shell.pid)
+        with contextlib.suppress(Exception):
+            shell.close(force=True)
+        with contextlib.suppress(ValueError):
+            self._shells.remove(shell)
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        target = self.path(path)
+        try:
+            return await asyncio.to_thread(target.read_bytes)
+        except FileNotFoundError as exc:
+            raise SandboxFileNotFound(
+                f"{path}: no such file in sandbox {self._id}", fix="check the path"
+            ) from exc
+        except IsADirectoryError as exc:
+            raise SandboxError(f"{path} is a directory in sandbox {self._id}") from exc
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self._check_open()
+        await asyncio.to_thread(_write, self.path(path), data, mode)
+
+    async def snapshot(self, label: str) -> str:
+        """Copy the directory tree (symlinks kept as links); returns the snapshot's folder name."""
+        self._check_open()
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self._spec.run_id}-{label}").strip(".-")[:100]
+        snapshot_id = f"{safe}-{uuid.uuid4().hex[:8]}"
+        dest = snapshots_dir() / snapshot_id
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            await asyncio.to_thread(shutil.copytree, self.root, dest, symlinks=True)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        return snapshot_id
+
+    async def close(self) -> None:
+        await asyncio.shield(asyncio.to_thread(self.close_now))
+
+    def close_now(self) -> None:
+        """Synchronous, idempotent teardown (also what the atexit backstop calls)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for sid in list(self._running):
+                kill_session(sid)
+            for child in self._shells:
+                if child.pid is not None:
+                    kill_session(child.pid)
+                with contextlib.suppress(Exception):
+                    child.close(force=True)
+            self._shells.clear()
+            shutil.rmtree(self.root, ignore_errors=True)
+        with _live_lock:
+            _live.pop(self._id, None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id} is closed", fix="start a new sandbox")
+
+
+class _Collector(asyncio.SubprocessProtocol):
+    """Gathers a command's output (bounded) and notes when it exits and the pipe closes."""
+
+    def __init__(self) -> None:
+        self.output = HeadTail()
+        self.exited = asyncio.Event()
+        self.eof = asyncio.Event()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.output.feed(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.eof.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+
+def _write(target: Path, data: bytes, mode: int) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    target.chmod(mode)
+
+
+def _track(sandbox: LocalSandbox) -> None:
+    global _atexit_registered
+    with _live_lock:
+        _live[sandbox.id] = sandbox
+        if not _atexit_registered:
+            _atexit_registered = True
+            atexit.register(_close_all)
+
+
+def _close_all() -> None:
+    """atexit backstop: delete the temp dirs and kill the processes of unclosed sandboxes."""
+    with _live_lock:
+        left = list(_live.values())
+    for sandbox in left:
+        sandbox.close_now()

@@ -1,0 +1,38 @@
+"""Host-side process control shared by the sandbox providers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def kill_session(sid: int, *, cgroup_marker: str | None = None) -> int:
+    """SIGKILL every process in session `sid` (also those that left its process group).
+
+    With `cgroup_marker` (a container id) only processes whose cgroup names it are
+    touched, so a pid from another pid namespace can never hit a host process. Works
+    without forking inside the sandbox, which matters when a fork bomb holds every
+    pid it may have. Returns how many processes were signalled.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs (macOS): the process group is the best we can do
+        with contextlib.suppress(OSError):
+            os.killpg(sid, signal.SIGKILL)
+        return 0
+    killed = 0
+    # A pid is not reused while some process still has it as its session id, so
+    # members found here are really the session's, even after its leader was reaped.
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # Fields after the ")" that ends the command name: state ppid pgrp session.
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:
+                continue
+            if cgroup_marker and cgroup_marker not in (entry / "cgroup").read_text():
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+    return killed

@@ -1,0 +1,265 @@
+"""The bash tool: one persistent shell per sandbox, driven through a pty with pexpect.
+
+How a command runs: its text travels as short bash $'...' strings with every unusual
+byte escaped (so no quoting, line-length or unbalanced-syntax problem can leave the
+shell waiting for more input, and no process is forked to decode it); it is `eval`ed
+in the shell itself (so `cd`, exports and an activated venv persist) with stdin from
+/dev/null (so `cat`, `read` or a REPL get EOF instead of waiting), followed by a
+sentinel line carrying a per-call nonce and `$?`. The reader keeps only the head and
+tail of the output, so 100 MB of output costs no memory on either side.
+
+On timeout the tool sends Ctrl-C and probes the shell with a fresh sentinel; if the
+shell does not answer, it is killed (with everything in its session) and a new one is
+started, and the observation says so. Pagers and editors are neutralised
+(PAGER=cat, GIT_PAGER=cat, GIT_EDITOR=true, `less`/`vim` as shell functions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from typing import Any
+
+import pexpect
+from pexpect.spawnbase import SpawnBase
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import HeadTail, Sandbox
+from agentrl.tools.base import Observation
+
+SHELL_ARGV = ["bash", "--norc", "--noprofile", "--noediting"]
+_EDITOR_MSG = "interactive editors do not work here: use str_replace_editor, sed or cat"
+SETUP = (
+    "stty -echo -onlcr cols 200 rows 50 2>/dev/null; "
+    # Prompts would land in the output: keep them empty even after `activate` sets PS1.
+    "export PS1='' PS2='' PROMPT_COMMAND='PS1= PS2=' VIRTUAL_ENV_DISABLE_PROMPT=1 TERM=dumb "
+    "PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER=cat LESS=-FRX "
+    "GIT_EDITOR=true EDITOR=true VISUAL=true GIT_TERMINAL_PROMPT=0 "
+    "DEBIAN_FRONTEND=noninteractive PIP_NO_INPUT=1 PYTHONUNBUFFERED=1; "
+    "unset HISTFILE; "
+    'less() { cat "$@"; }; more() { cat "$@"; }; '
+    + "; ".join(
+        f"{e}() {{ echo '{_EDITOR_MSG}' >&2; return 1; }}" for e in ("vi", "vim", "nano", "emacs")
+    )
+    + "; "
+)
+
+
+_PLAIN = frozenset(
+    b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-+=.,:;/@%^&*()[]{}<>|!?#~`$"'
+)
+
+
+def _ansi_c_chunks(command: str, width: int = 1000) -> list[str]:
+    """The command as bash $'...' bodies (\\xHH for anything not plain), in short pieces:
+    each typed line stays far below the tty's 4096-byte line limit, and nothing in the
+    command can end the quoting or leave the shell waiting for more input."""
+    tokens = [chr(b) if b in _PLAIN else f"\\x{b:02x}" for b in command.encode()]
+    chunks, current = [], ""
+    for token in tokens:
+        if len(current) + len(token) > width:
+            chunks.append(current)
+            current = ""
+        current += token
+    return [*chunks, current]
+
+
+def _sentinel_cmd(nonce: str) -> str:
+    # The typed text never contains the finished sentinel: printf assembles it.
+    return f"printf '\\n__AGENTRL_%s_%d__\\n' {nonce} $?"
+
+
+def _sentinel_re(nonce: str) -> re.Pattern[bytes]:
+    return re.compile(rb"\n?__AGENTRL_" + nonce.encode() + rb"_(\d+)__\n")
+
+
+_SENTINEL_MAX = 80  # bytes; longer than any sentinel line
+
+
+class _Output:
+    """The command's output (head and tail, bounded) up to the sentinel line.
+
+    The last few bytes are held back until it is clear they are not the start of
+    the sentinel, so the sentinel never leaks into what the agent sees."""
+
+    def __init__(self, keep: int, pattern: re.Pattern[bytes]) -> None:
+        self.kept = HeadTail(keep)
+        self.pattern = pattern
+        self.pending = b""
+        self.match: re.Match[bytes] | None = None
+
+    def feed(self, chunk: bytes) -> bool:
+        """Add bytes; True once the sentinel has been seen."""
+        data = self.pending + chunk
+        self.match = self.pattern.search(data)
+        if self.match is not None:
+            self.kept.feed(data[: self.match.start()])
+            self.pending = b""
+            return True
+        self.kept.feed(data[:-_SENTINEL_MAX])
+        self.pending = data[-_SENTINEL_MAX:]
+        return False
+
+    def text(self) -> str:
+        self.kept.feed(self.pending)  # no sentinel is coming: the held bytes are output
+        self.pending = b""
+        return self.kept.text()
+
+
+class BashTool:
+    """Run a bash command in the sandbox's persistent shell."""
+
+    name = "bash"
+    description = (
+        "Run a bash command in a persistent shell (cd, exported variables and activated "
+        "virtualenvs persist between calls). stdin is empty: interactive programs get EOF. "
+        "Long output keeps its head and tail."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "the command to run"}},
+        "required": ["command"],
+    }
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 60.0,
+        max_output_bytes: int = 20_000,
+        shell_argv: list[str] | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.keep_bytes = max_output_bytes // 2  # head and tail each
+        self.shell_argv = shell_argv or SHELL_ARGV
+        self._shell: SpawnBase | None = None
+        self._sandbox: Sandbox | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
+        command = arguments.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return Observation(text="error: `command` must be a non-empty string", error=True)
+        async with self._lock:
+            return await self._run(sandbox, command, self.timeout)
+
+    async def _run(self, sandbox: Sandbox, command: str, timeout: float) -> Observation:
+        notes: list[str] = []
+        if self._shell is None or not self._shell.isalive() or self._sandbox is not sandbox:
+            await self._start(sandbox)
+        assert self._shell is not None
+        nonce = secrets.token_hex(6)
+        script = (
+            "__agentrl_cmd=''\n"
+            + "".join(f"__agentrl_cmd+=$'{chunk}'\n" for chunk in _ansi_c_chunks(command))
+            + f'eval "$__agentrl_cmd" < /dev/null; {_sentinel_cmd(nonce)}\n'
+        )
+        out = _Output(self.keep_bytes, _sentinel_re(nonce))
+        status = await asyncio.to_thread(self._exchange, script, out, timeout)
+        exit_code: int | None = None
+        if status == "done":
+            assert out.match is not None
+            exit_code = int(out.match.group(1))
+        elif status == "eof":
+            notes.append(
+                "the shell exited (did the command run `exit` or `exec`?); a new shell "
+                "was started: working directory and environment are reset"
+            )
+            await self._restart(sandbox)
+        else:  # timeout
+            recovered = await asyncio.to_thread(self._interrupt)
+            if recovered:
+                notes.append(
+                    f"the command timed out after {timeout:g} s and was interrupted (Ctrl-C)"
+                )
+            else:
+                notes.append(
+                    f"the command timed out after {timeout:g} s and the shell did not recover from "
+                    "Ctrl-C; it was killed and a new shell started: working directory and "
+                    "environment are reset"
+                )
+                await self._restart(sandbox)
+        text = out.text()
+        if not text.strip():
+            text = "(no output)"
+        if exit_code not in (None, 0):
+            text = text.rstrip("\n") + f"\n[exit code {exit_code}]"
+        if notes:
+            text = text.rstrip("\n") + "\n" + "\n".join(f"[{n}]" for n in notes)
+        return Observation(text=text, exit_code=exit_code, error=status != "done")
+
+    def _exchange(self, script: str, out: _Output, timeout: float) -> str:
+        """Send the script and read until the sentinel; 'done', 'timeout' or 'eof'."""
+        shell = self._shell
+        assert shell is not None
+        shell.send(script.encode())
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            try:
+                chunk = shell.read_nonblocking(size=1 << 16, timeout=min(left, 1.0))
+            except pexpect.TIMEOUT:
+                continue
+            except pexpect.EOF:
+                return "eof"
+            if out.feed(chunk):
+                return "done"
+
+    def _interrupt(self) -> bool:
+        """Ctrl-C, then probe: True when the shell answers a fresh sentinel."""
+        shell = self._shell
+        assert shell is not None
+        nonce = secrets.token_hex(6)
+        try:
+            shell.send(b"\x03")
+            time.sleep(0.2)
+            shell.send(f"\n{_sentinel_cmd(nonce)}\n".encode())
+        except OSError:
+            return False
+        probe = _Output(4096, _sentinel_re(nonce))
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            try:
+                chunk = shell.read_nonblocking(size=1 << 16, timeout=0.5)
+            except pexpect.TIMEOUT:
+                continue
+            except pexpect.EOF:
+                return False
+            if probe.feed(chunk):
+                return True
+        return False
+
+    async def _start(self, sandbox: Sandbox) -> None:
+        if self._shell is not None:
+            await self._kill(sandbox)
+        self._sandbox = sandbox
+        self._shell = await sandbox.shell(self.shell_argv)
+        self._shell.delaybeforesend = None  # pexpect sleeps 50 ms before each send otherwise
+        nonce = secrets.token_hex(6)
+        workdir = sandbox.spec.workdir.replace("'", "'\\''")
+        script = f"{SETUP}cd '{workdir}' 2>/dev/null; {_sentinel_cmd(nonce)}\n"
+        out = _Output(1 << 16, _sentinel_re(nonce))
+        status = await asyncio.to_thread(self._exchange, script, out, 30.0)
+        if status != "done" or out.match is None:
+            raise SandboxError(f"the bash shell in sandbox {sandbox.id} did not start ({status})")
+
+    async def _restart(self, sandbox: Sandbox) -> None:
+        await self._kill(sandbox)
+        await self._start(sandbox)
+
+    async def _kill(self, sandbox: Sandbox) -> None:
+        """Kill the shell and everything in its session (a wedged `less`, `vim`...)."""
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            await sandbox.kill_shell(shell)
+
+    async def close(self) -> None:
+        """Kill the shell; idempotent. The sandbox itself is closed by its owner."""
+        if self._sandbox is not None and self._shell is not None:
+            try:
+                await self._kill(self._sandbox)
+            except Exception:  # a sandbox that is already gone took the shell with it
+                self._shell = None

@@ -1,0 +1,365 @@
+"""The docker provider against the real engine: limits hold and nothing is left behind.
+
+Every test labels its containers with a fresh run id; the `run_id` fixture asserts
+afterwards that no container or snapshot image with that label remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pexpect
+import pytest
+
+from agentrl.errors import SandboxError, SandboxFileNotFound
+from agentrl.sandbox import provider
+from agentrl.sandbox.base import ExecRequest, SandboxSpec
+from agentrl.sandbox.docker import DockerProvider, DockerSandbox, gc, reap, remove_run
+from agentrl.sandbox.images import docker_client
+
+pytestmark = pytest.mark.docker
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _leftovers(run_id: str) -> tuple[list[str], list[str]]:
+    client = docker_client()
+    try:
+        containers = client.api.containers(all=True, filters={"label": f"agentrl.run={run_id}"})
+        images = client.api.images(all=True, filters={"label": f"agentrl.snapshot={run_id}"})
+        return [c["Id"] for c in containers], [i["Id"] for i in images]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    run = f"test-sandbox-{uuid.uuid4().hex[:8]}"
+    yield run
+    containers, images = _leftovers(run)
+    if containers or images:  # clean up before failing, so one failure leaks nothing
+        client = docker_client()
+        remove_run(client, run, snapshots=True)
+        client.close()
+    assert (containers, images) == ([], [])
+
+
+def with_sandbox(spec: SandboxSpec, body: Callable[[DockerSandbox], Awaitable[T]]) -> T:
+    async def go() -> T:
+        sandbox = await DockerProvider(reap_at_start=False).start(spec)
+        try:
+            return await body(sandbox)
+        finally:
+            await sandbox.close()
+
+    return asyncio.run(go())
+
+
+def cmd(
+    command: str, timeout: float = 30, workdir: str | None = None, env: dict[str, str] | None = None
+) -> ExecRequest:
+    return ExecRequest(command=command, timeout=timeout, workdir=workdir, env=env or {})
+
+
+def test_exec_exit_codes_env_workdir_and_timeout(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        ok = await sb.exec(cmd("echo out; echo err >&2; pwd; echo $FOO $PAGER $GIT_PAGER"))
+        assert (ok.exit_code, ok.timed_out) == (0, False)
+        assert ok.output == "out\nerr\n/srv/work\nf cat cat\n"
+        assert (await sb.exec(cmd("exit 3"))).exit_code == 3
+        argv = await sb.exec(ExecRequest(command=["python3", "-c", "print(6*7)"]))
+        assert argv.output == "42\n"
+        assert (await sb.exec(cmd("echo $BAR", env={"BAR": "b"}))).output == "b\n"
+        assert (await sb.exec(cmd("mkdir sub && cd sub && pwd"))).output == "/srv/work/sub\n"
+        assert (await sb.exec(cmd("pwd", workdir="sub"))).output == "/srv/work/sub\n"
+        missing = await sb.exec(ExecRequest(command=["no-such-program-xyz"]))
+        assert missing.exit_code == 127 and "no-such-program-xyz" in missing.output
+
+        start = time.monotonic()
+        slow = await sb.exec(cmd("echo before; sleep 1000", timeout=2))
+        assert slow.timed_out and slow.exit_code is None and slow.output == "before\n"
+        assert time.monotonic() - start < 6
+        assert "sleep 1000" not in (await sb.exec(cmd("ps -eo args"))).output
+        assert (await sb.exec(cmd("echo alive"))).output == "alive\n"
+
+    with_sandbox(SandboxSpec(run_id=run_id, workdir="/srv/work", env={"FOO": "f"}), body)
+
+
+def test_files_are_binary_safe_and_stay_inside(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        every_byte = bytes(range(256))
+        await sb.write_file("deep/er/bytes.bin", every_byte, mode=0o751)
+        assert await sb.read_file("/workspace/deep/er/bytes.bin") == every_byte
+        listing = await sb.exec(cmd("stat -c '%a %s' deep/er/bytes.bin"))
+        assert listing.output == "751 256\n"
+        big = os.urandom(5 * 1024 * 1024)
+        await sb.write_file("/workspace/big.bin", big)
+        assert await sb.read_file("big.bin") == big
+        sums = await sb.exec(cmd("sha256sum big.bin | cut -c1-16"))
+        assert sums.output.strip() == __import__("hashlib").sha256(big).hexdigest()[:16]
+        await sb.exec(cmd("ln -s deep/er/bytes.bin link"))
+        assert await sb.read_file("link") == every_byte
+
+        with pytest.raises(SandboxFileNotFound) as info:
+            await sb.read_file("nope.txt")
+        assert isinstance(info.value, FileNotFoundError) and "nope.txt" in str(info.value)
+        with pytest.raises(SandboxError, match="directory"):
+            await sb.read_file("deep")
+
+        # Outside the workdir: exists in the container, never on the host.
+        await sb.write_file("/etc/agentrl-test", b"inside")
+        shell_write = await sb.exec(cmd("echo x > /etc/agentrl-test2 && cat /etc/agentrl-test"))
+        assert shell_write.output == "inside"
+        assert await sb.read_file("/etc/agentrl-test2") == b"x\n"
+        assert not Path("/etc/agentrl-test").exists()
+        assert not Path("/etc/agentrl-test2").exists()
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_ordinary_root_work_needs_no_more_capabilities(run_id: str) -> None:
+    script = """
+        set -e
+        git init -q repo && cd repo
+        git config user.email a@b.c && git config user.name agent
+        echo hi > f && chmod 640 f && chown nobody:nogroup f
+        git add f && git commit -qm first && git log --oneline | wc -l
+        useradd -m worker && su worker -c 'touch /tmp/mine && id -un'
+        grep CapEff /proc/self/status
+        """
+
+    async def body(sb: DockerSandbox) -> None:
+        res = await sb.exec(cmd(textwrap.dedent(script)))
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        assert lines[:2] == ["1", "worker"]
+        assert lines[2].split()[1] == "00000000000000fb"  # the seven CAPS, nothing else
+        denied = await sb.exec(cmd("mount -t tmpfs none /mnt"))
+        assert denied.exit_code != 0
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_snapshot_then_restore(run_id: str) -> None:
+    async def go() -> None:
+        prov = DockerProvider(reap_at_start=False)
+        spec = SandboxSpec(run_id=run_id, name="traj-7")
+        sb = await prov.start(spec)
+        try:
+            await sb.write_file("kept.txt", b"v1")
+            snap = await sb.snapshot("turn 3")
+            await sb.write_file("kept.txt", b"v2")
+            await sb.write_file("later.txt", b"x")
+        finally:
+            await sb.close()
+        tags = prov.client.images.get(snap).tags
+        assert tags == [f"agentrl-snapshot/{run_id}:traj-7-turn-3"]
+        restored = await prov.restore(snap, spec)
+        try:
+            assert await restored.read_file("kept.txt") == b"v1"
+            with pytest.raises(SandboxFileNotFound):
+                await restored.read_file("later.txt")
+            assert (await restored.exec(cmd("echo restored"))).output == "restored\n"
+        finally:
+            await restored.close()
+        # Its owner (this process) is alive, so gc keeps it; remove_run takes it.
+        assert gc(run_id=run_id, snapshots=True).snapshots == 0
+        assert remove_run(prov.client, run_id, snapshots=True).snapshots == 1
+
+    asyncio.run(go())
+
+
+def test_no_network_but_loopback(run_id: str) -> None:
+    probe = "import socket; socket.create_connection(('127.0.0.1', 9), timeout=2)"
+
+    async def body(sb: DockerSandbox) -> None:
+        devices = await sb.exec(cmd("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"))
+        assert devices.output.split() == ["lo"]
+        # No route but loopback's, so nothing can leave the container (we send nothing out).
+        routes = await sb.exec(cmd("tail -n +2 /proc/net/route; cat /proc/net/ipv6_route"))
+        assert {line.split()[-1] for line in routes.output.splitlines()} <= {"lo"}
+        refused = await sb.exec(ExecRequest(command=["python3", "-c", probe]))
+        assert refused.exit_code != 0 and "ConnectionRefusedError" in refused.output
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_fork_bomb_and_memory_hog_are_contained(run_id: str) -> None:
+    hog = "b = b'x' * (2 * 1024**3); print('survived')"
+
+    async def body(sb: DockerSandbox) -> None:
+        # The bomb stays in the command's process group, so the timeout kills all of it.
+        bomb = await sb.exec(cmd(":(){ :|:& };:; sleep 30", timeout=5))
+        assert bomb.timed_out and "fork" in bomb.output  # the pids limit said no
+        after = await sb.exec(cmd("echo after bomb; ps -e --no-headers | wc -l"))
+        assert after.output.splitlines()[0] == "after bomb"
+        assert int(after.output.splitlines()[1]) < 10
+        start = time.monotonic()
+        oom = await sb.exec(ExecRequest(command=["python3", "-c", hog], timeout=60))
+        assert oom.exit_code == 137 and not oom.timed_out and "survived" not in oom.output
+        assert time.monotonic() - start < 30
+        assert (await sb.exec(cmd("echo after hog"))).output == "after hog\n"
+
+    with_sandbox(SandboxSpec(run_id=run_id, memory_mb=256, pids=128), body)
+
+
+def test_huge_output_is_elided_quickly(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        start = time.monotonic()
+        big = "echo BEGIN; head -c 100000000 /dev/zero | tr '\\0' a; echo; echo END"
+        res = await sb.exec(cmd(big, timeout=60))
+        assert time.monotonic() - start < 20
+        assert res.exit_code == 0 and "bytes elided" in res.output
+        assert res.output.startswith("BEGIN\naaa") and res.output.endswith("aaa\nEND\n")
+        assert len(res.output) < 2_200_000
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_shell_is_a_pexpect_over_the_socket_and_can_be_restarted(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        sh = await sb.shell(["bash", "--norc", "--noprofile"])
+        sh.sendline(b"cd /tmp && echo hi-$((1+1)) && stty size")
+        sh.expect(b"hi-2", timeout=10)
+        sh.expect(b"24 200", timeout=10)
+        sh.sendline(b"sleep 1000 &")
+        sh.sendline(b"sleep 999")  # wedged: the foreground command never returns
+        with pytest.raises(pexpect.TIMEOUT):
+            sh.expect(b"never", timeout=0.3)
+        await sb.kill_shell(sh)
+        left = await sb.exec(cmd("ps -eo args"))
+        assert "sleep 99" not in left.output and "bash --norc" not in left.output
+        await sb.kill_shell(sh)  # idempotent
+        again = await sb.shell(["bash", "--norc", "--noprofile"])
+        again.sendline(b"echo fresh in $PWD")
+        again.expect(b"fresh in /workspace", timeout=10)
+        again.sendline(b"exit")
+        again.expect(pexpect.EOF, timeout=10)  # a shell that exits ends its stream
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_container_removed_from_outside_is_a_one_line_error(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        client = docker_client()
+        client.api.remove_container(sb.id, force=True)
+        client.close()
+        with pytest.raises(SandboxError) as info:
+            await sb.exec(cmd("echo hi"))
+        assert "is gone" in str(info.value) and "\n" not in str(info.value)
+        with pytest.raises(SandboxError, match="is gone"):
+            await sb.write_file("f", b"x")
+        with pytest.raises(SandboxError, match="is gone"):
+            await sb.read_file("f")
+        await sb.close()
+        await sb.close()
+
+    with_sandbox(SandboxSpec(run_id=run_id), body)
+
+
+def test_missing_image_says_how_to_build_it(run_id: str) -> None:
+    async def go() -> None:
+        prov = provider("docker", reap_at_start=False)
+        with pytest.raises(SandboxError, match="image agentrl/nope:bookworm not found") as info:
+            await prov.start(SandboxSpec(run_id=run_id, image="agentrl/nope:bookworm"))
+        assert info.value.fix == "agentrl images build nope"
+
+    asyncio.run(go())
+
+
+def test_close_survives_cancellation_and_starts_are_bounded(run_id: str) -> None:
+    async def go() -> None:
+        prov = DockerProvider(reap_at_start=False, max_concurrent_starts=2, starts_per_second=20)
+        spec = SandboxSpec(run_id=run_id)
+        boxes = await asyncio.gather(*(prov.start(spec) for _ in range(3)))
+        assert len({b.id for b in boxes}) == 3
+        for box in boxes:
+            closing = asyncio.ensure_future(box.close())
+            await asyncio.sleep(0)
+            closing.cancel()  # Ctrl-C during close: the removal still completes
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+        # A start cancelled mid-way removes what it made, too.
+        starting = asyncio.ensure_future(prov.start(spec))
+        await asyncio.sleep(0.05)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        for _ in range(100):
+            if _leftovers(run_id) == ([], []):
+                break
+            await asyncio.sleep(0.1)
+
+    asyncio.run(go())
+
+
+DRIVER = """
+import asyncio, sys
+from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.docker import DockerProvider
+
+async def main():
+    sandbox = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=sys.argv[1]))
+    print(sandbox.id, flush=True)
+    if sys.argv[2] == "hang":
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _driver(run_id: str, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, run_id, mode], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+
+
+def test_sigkilled_driver_is_reaped_at_the_next_start(run_id: str) -> None:
+    driver = _driver(run_id, "hang")
+    try:
+        assert driver.stdout is not None
+        container = driver.stdout.readline().strip()
+        assert container and _leftovers(run_id)[0] == [container]
+        DockerProvider()  # its owner is alive: the container must survive a reap
+        assert _leftovers(run_id)[0] == [container]
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert _leftovers(run_id)[0] == [container]
+    DockerProvider()
+    assert _leftovers(run_id) == ([], [])
+
+
+def test_a_driver_that_forgets_close_is_cleaned_at_exit(run_id: str) -> None:
+    driver = _driver(run_id, "return")
+    out, _ = driver.communicate(timeout=60)
+    assert driver.returncode == 0 and out.strip()
+    assert _leftovers(run_id) == ([], [])
+
+
+def test_ttl_stops_the_container_by_itself(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        client = docker_client()
+        try:
+            for _ in range(100):  # the TTL is 10 s from start
+                if client.api.inspect_container(sb.id)["State"]["Status"] == "exited":
+                    break
+                await asyncio.sleep(0.2)
+            with pytest.raises(SandboxError, match="is gone"):
+                await sb.exec(cmd("echo hi"))
+            # An exited container is garbage whoever owns it.
+            assert reap(client, run_id=run_id) == 1
+        finally:
+            client.close()
+
+    with_sandbox(SandboxSpec(run_id=run_id, ttl_seconds=10), body)

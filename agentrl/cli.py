@@ -46,6 +46,19 @@ def _cmd_images_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from agentrl.sandbox.docker import gc
+
+    report = gc(run_id=args.run, snapshots=args.snapshots)
+    what = f"run {args.run}" if args.run else "dead runs"
+    console.print(
+        f"removed {report.containers} container(s)"
+        + (f" and {report.snapshots} snapshot image(s)" if args.snapshots else "")
+        + f" of {what}"
+    )
+    return 0
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
     from agentrl.chat import ChatSession
     from agentrl.inference.base import SamplingParams
@@ -119,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.set_defaults(func=_cmd_images_build)
+
+    g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")
+    g.add_argument("--snapshots", action="store_true", help="also remove dead runs' snapshots")
+    g.add_argument("--run", help="only this run id")
+    g.set_defaults(func=_cmd_gc)
 
     s = sub.add_parser("sample", help="one reply from the embedded model (a smoke test)")
     s.add_argument(

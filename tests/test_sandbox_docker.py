@@ -363,3 +363,23 @@ def test_ttl_stops_the_container_by_itself(run_id: str) -> None:
             client.close()
 
     with_sandbox(SandboxSpec(run_id=run_id, ttl_seconds=10), body)
+
+
+def test_agentrl_gc_removes_what_a_killed_driver_left(run_id: str) -> None:
+    driver = _driver(run_id, "hang")
+    assert driver.stdout is not None
+    container = driver.stdout.readline().strip()
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert _leftovers(run_id)[0] == [container]
+    res = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "gc", "--run", run_id, "--snapshots"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"removed 1 container(s) and 0 snapshot image(s) of run {run_id}" in res.stdout
+    assert _leftovers(run_id) == ([], [])

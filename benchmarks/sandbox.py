@@ -1,0 +1,137 @@
+"""Sandbox and tool latency on the real Docker engine.
+
+    .venv/bin/python benchmarks/sandbox.py [--n 200] [--out FILE]
+
+Measures, in one run so the ratios compare like with like on a noisy machine:
+- a command through the persistent bash tool vs one `docker exec` per command
+  (the same trivial command, `true`), p50/p95, and their ratio;
+- the same bash round trip on the local provider (no container at all);
+- container start (start + ready) p50; warm-pool hand-out p50;
+- snapshot (docker commit) and restore (start from the snapshot) p50.
+Writes JSON (default benchmarks/results/sandbox.json) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.sandbox.base import ExecRequest, SandboxSpec
+from agentrl.sandbox.docker import DockerProvider, remove_run
+from agentrl.sandbox.local import LocalProvider
+from agentrl.sandbox.pool import WarmPool
+from agentrl.tools.bash import BashTool
+
+
+def stats_ms(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 3),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
+    }
+
+
+async def timed(n: int, fn: Callable[[], Awaitable[Any]]) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def main(n: int) -> dict[str, Any]:
+    run_id = f"bench-sandbox-{uuid.uuid4().hex[:6]}"
+    spec = SandboxSpec(run_id=run_id)
+    docker = DockerProvider()
+    out: dict[str, Any] = {}
+    try:
+        box = await docker.start(spec)
+        bash = BashTool()
+        try:
+            await bash(box, command="true")  # starts the shell
+            out["bash_roundtrip_docker"] = stats_ms(
+                await timed(n, lambda: bash(box, command="true"))
+            )
+            out["exec_per_command_docker"] = stats_ms(
+                await timed(max(n // 5, 20), lambda: box.exec(ExecRequest(command="true")))
+            )
+            snaps: list[str] = []
+
+            async def snap() -> None:
+                snaps.append(await box.snapshot(f"bench-{len(snaps)}"))
+
+            out["snapshot"] = stats_ms(await timed(5, snap))
+
+            async def restore() -> None:
+                restored = await docker.restore(snaps[-1], spec)
+                await restored.close()
+
+            out["restore_and_close"] = stats_ms(await timed(5, restore))
+        finally:
+            await bash.close()
+            await box.close()
+
+        starts, closes = [], []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            sandbox = await docker.start(spec)
+            t1 = time.perf_counter()
+            await sandbox.close()
+            starts.append(t1 - t0)
+            closes.append(time.perf_counter() - t1)
+        out["container_start"] = stats_ms(starts)
+        out["container_close"] = stats_ms(closes)
+
+        pool = WarmPool(docker, spec, size=2)
+        await pool.start()
+        handouts: list[float] = []
+        try:
+            for _ in range(10):
+                while pool.idle < pool.size:  # measure a hand-out from a refilled pool
+                    await asyncio.sleep(0.05)
+                start = time.perf_counter()
+                sandbox = await pool.acquire()
+                handouts.append(time.perf_counter() - start)
+                await sandbox.close()
+        finally:
+            await pool.close()
+        out["warm_pool_acquire"] = stats_ms(handouts)
+
+        local = await LocalProvider().start(spec)
+        lbash = BashTool()
+        try:
+            await lbash(local, command="true")
+            out["bash_roundtrip_local"] = stats_ms(
+                await timed(n, lambda: lbash(local, command="true"))
+            )
+        finally:
+            await lbash.close()
+            await local.close()
+    finally:
+        remove_run(docker.client, run_id, snapshots=True)
+    out["exec_over_bash_p50"] = round(
+        out["exec_per_command_docker"]["p50_ms"] / out["bash_roundtrip_docker"]["p50_ms"], 1
+    )
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200, help="bash round trips per provider")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sandbox.json")
+    args = ap.parse_args()
+    result = {"benchmark": "sandbox", "platform": platform.platform(), **asyncio.run(main(args.n))}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))

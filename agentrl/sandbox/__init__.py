@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import cast
 
 from agentrl.errors import ConfigError
+from agentrl.registry import resolve
 from agentrl.sandbox.base import SandboxProvider
 
 PROVIDERS: dict[str, str] = {
@@ -16,17 +16,9 @@ PROVIDERS: dict[str, str] = {
 
 def provider(name: str, **options: object) -> SandboxProvider:
     """Build the provider registered as `name` (or a `module:Class` path) with `options`."""
-    path = PROVIDERS.get(name, name)
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        choices = ", ".join(sorted(PROVIDERS))
-        raise ConfigError(
-            f"unknown sandbox provider {name!r}", fix=f"use one of: {choices}, or module:Class"
-        )
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"sandbox provider {name!r}: cannot import {path}: {exc}") from exc
+    cls = resolve(PROVIDERS, name, "sandbox provider")
+    if not callable(cls):
+        raise ConfigError(f"sandbox provider {name!r} is not a class")
     try:
         return cast(SandboxProvider, cls(**options))
     except TypeError as exc:

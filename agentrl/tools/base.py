@@ -6,12 +6,12 @@ lazily), so a task's YAML lists them by name; a full dotted path also works.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError
+from agentrl.registry import resolve
 from agentrl.sandbox.base import Sandbox
 
 
@@ -56,12 +56,7 @@ REGISTRY: dict[str, str] = {
 
 def tool_class(name: str) -> type:
     """Resolve a registered short name or a `module:Class` path; unknown names list choices."""
-    path = REGISTRY.get(name, name)
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        choices = ", ".join(sorted(REGISTRY))
-        raise ConfigError(f"unknown tool {name!r}", fix=f"use one of: {choices}, or module:Class")
-    try:
-        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"tool {name!r}: cannot import {path}: {e}") from e
+    cls = resolve(REGISTRY, name, "tool")
+    if not isinstance(cls, type):
+        raise ConfigError(f"tool {name!r} is not a class")
+    return cls

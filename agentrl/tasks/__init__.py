@@ -1,0 +1,1 @@
+"""Tasks: the YAML format, importers for Terminal-Bench/Harbor and SWE-bench, graders."""

@@ -1,0 +1,178 @@
+"""The task format: what a YAML task file may say, as pydantic models (extra keys forbidden).
+
+A task names its sandbox, its instances, its prompt, its tools, its limits, its
+grader and its sampling defaults. Paths in a task are relative to the task file.
+Semantic checks that need more than one field (placeholders vs instance fields,
+tools that exist, files that exist) live in `agentrl.tasks.load`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_IMAGE = "agentrl/base:bookworm"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxConfig(_Model):
+    """Where the agent acts."""
+
+    image: str | None = Field(default=None, description=f"image to start (default {DEFAULT_IMAGE})")
+    recipe: str | None = Field(
+        default=None, description="folder with a Dockerfile beside the task, built as the image"
+    )
+    workdir: str = Field(default="/workspace", description="the agent's working directory")
+    cpus: float = Field(default=1.0, gt=0, description="CPU limit (cores)")
+    memory_mb: int = Field(default=2048, ge=64, description="memory limit (MiB)")
+    pids: int = Field(default=512, ge=16, description="process limit")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    setup: list[str] = Field(
+        default_factory=list, description="commands run at INIT, before the agent's first turn"
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="sandbox path -> file or folder beside the task, copied in at INIT",
+    )
+
+    @model_validator(mode="after")
+    def _one_image_source(self) -> SandboxConfig:
+        if self.image and self.recipe:
+            raise ValueError("give either `image` or `recipe`, not both")
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"workdir must be an absolute path, got {self.workdir!r}")
+        return self
+
+
+class PromptConfig(_Model):
+    """The conversation's first messages; `{field}` placeholders take instance fields."""
+
+    system: str = Field(description="system prompt; tool schemas are appended automatically")
+    instance: str = Field(description="the first user message, per instance")
+
+
+class ToolConfig(_Model):
+    """A tool by registered name, with constructor options."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EpisodeLimits(_Model):
+    """When an episode stops."""
+
+    max_turns: int = Field(default=30, ge=1, description="assistant turns at most")
+    max_new_tokens: int = Field(default=1024, ge=1, description="sampled tokens per turn")
+    context_length: int = Field(default=8192, ge=64, description="prompt + response tokens")
+    tool_timeout: float = Field(default=60.0, gt=0, description="seconds per tool call")
+    episode_timeout: float = Field(default=1800.0, gt=0, description="seconds per episode")
+
+    @model_validator(mode="after")
+    def _possible(self) -> EpisodeLimits:
+        if self.max_new_tokens >= self.context_length:
+            raise ValueError(
+                f"max_new_tokens ({self.max_new_tokens}) must be below context_length "
+                f"({self.context_length}): no room for the prompt"
+            )
+        if self.tool_timeout > self.episode_timeout:
+            raise ValueError(
+                f"tool_timeout ({self.tool_timeout:g} s) is longer than episode_timeout "
+                f"({self.episode_timeout:g} s)"
+            )
+        return self
+
+
+class _GraderBase(_Model):
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="sandbox path -> file or folder beside the task, copied in at EVAL only",
+    )
+    timeout: float = Field(default=600.0, gt=0, description="seconds for grading")
+
+
+class CommandGrader(_GraderBase):
+    """Run a command: exit code 0 gives 1.0, or read a number from `reward_file`."""
+
+    type: Literal["command"]
+    command: str = Field(description="run with bash -c in the workdir; {field} placeholders")
+    reward_file: str | None = Field(
+        default=None, description="if set, the reward is the number written here"
+    )
+
+
+class PytestGrader(_GraderBase):
+    """Run the named tests; reward 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test passes."""
+
+    type: Literal["pytest"]
+    fail_to_pass: list[str] | str = Field(
+        default="FAIL_TO_PASS", description="test ids, or the instance field that lists them"
+    )
+    pass_to_pass: list[str] | str = Field(
+        default="PASS_TO_PASS", description="test ids, or the instance field that lists them"
+    )
+    command: str = Field(
+        default="python3 -m pytest -rA -p no:cacheprovider", description="pytest invocation"
+    )
+
+
+class PythonGrader(_GraderBase):
+    """Call `module:function(sandbox, instance)`; it returns a reward or a dict with one."""
+
+    type: Literal["python"]
+    function: str = Field(pattern=r"^[\w.]+:\w+$", description="module:function")
+
+
+Grader = Annotated[CommandGrader | PytestGrader | PythonGrader, Field(discriminator="type")]
+
+
+class SamplingDefaults(_Model):
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+
+
+def _default_tools() -> list[str | ToolConfig]:
+    return ["bash", "str_replace_editor", "finish"]
+
+
+class TaskSpec(_Model):
+    """One task file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*$", description="short id, used in run dirs")
+    description: str = ""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    instances: list[dict[str, Any]] | str = Field(
+        description="inline list of dicts with an `id`, or a .jsonl/.yaml/.csv file beside the task"
+    )
+    prompt: PromptConfig
+    tools: list[str | ToolConfig] = Field(default_factory=lambda: _default_tools())
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    grader: Grader
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+
+    def tool_configs(self) -> list[ToolConfig]:
+        return [ToolConfig(name=t) if isinstance(t, str) else t for t in self.tools]
+
+
+class Instance(_Model):
+    """One instance of a task: an id and the fields its templates and grader use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class Task(_Model):
+    """A loaded, validated task: the spec, where it lives, its instances, its hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: TaskSpec
+    path: str = Field(description="the task file (or folder, for imported formats)")
+    base_dir: str = Field(description="relative paths in the spec resolve against this")
+    instances: list[Instance]
+    hash: str = Field(description="sha256 of the task's files, for the trajectory's env record")

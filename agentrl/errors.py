@@ -72,3 +72,7 @@ class BrowserError(AgentRLError, RuntimeError):
     """Chromium is missing, does not start, or died under a running episode."""
 
     default_fix = "apt-get install -y chromium  (or set AGENTRL_CHROMIUM=/path/to/chromium)"
+
+
+class GraderError(AgentRLError, RuntimeError):
+    """A grader crashed or timed out: the episode is an eval_error, never a 0 reward."""

@@ -1,0 +1,73 @@
+"""Finding the tool call in an assistant's text.
+
+Two formats are understood, because models are trained on both:
+- Hermes: `<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>`
+- XML-ish (OpenHands / SWE-agent style):
+  `<function=bash><parameter=command>ls</parameter></function>`
+
+`parse_tool_call` returns the first call, None when there is none, or a
+`ToolCallError` whose message tells the model how to fix its reply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from agentrl.trajectory import ToolCall
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FUNCTION = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.DOTALL)
+
+FORMAT_HINT = (
+    'Call exactly one tool per reply as <tool_call>{"name": "<tool>", "arguments": {...}}'
+    "</tool_call> (JSON inside the tags), or call `finish` when you are done."
+)
+
+
+class ToolCallError(Exception):
+    """The reply tried to call a tool but the call cannot be used; the message says why."""
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The first tool call in `text`; None if it has none; ToolCallError if it is broken."""
+    hermes = _HERMES.search(text)
+    function = _FUNCTION.search(text)
+    if hermes and (not function or hermes.start() < function.start()):
+        return _from_json(hermes.group(1))
+    if function:
+        arguments = {k: _strip_one_newline(v) for k, v in _PARAMETER.findall(function.group(2))}
+        return ToolCall(name=function.group(1), arguments=arguments)
+    return None
+
+
+def _from_json(body: str) -> ToolCall:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ToolCallError(
+            f"the text inside <tool_call> is not valid JSON ({e.msg} at character {e.pos}). "
+            + FORMAT_HINT
+        ) from e
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ToolCallError('a tool call needs a "name" string. ' + FORMAT_HINT)
+    arguments: Any = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):  # some models double-encode the arguments
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ToolCallError(
+                f'"arguments" is a string that is not JSON ({e.msg}). ' + FORMAT_HINT
+            ) from e
+    if not isinstance(arguments, dict):
+        raise ToolCallError('"arguments" must be a JSON object. ' + FORMAT_HINT)
+    return ToolCall(name=data["name"], arguments=arguments)
+
+
+def _strip_one_newline(value: str) -> str:
+    # `<parameter=x>\nvalue\n</parameter>` is how these calls are usually laid out.
+    if value.startswith("\n"):
+        value = value[1:]
+    return value[:-1] if value.endswith("\n") else value

@@ -1,0 +1,60 @@
+"""Tool calls are found in both formats models are trained on; broken ones say how to fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.toolcall import ToolCallError, parse_tool_call
+
+
+def test_hermes_json_call() -> None:
+    call_json = '{"name": "bash", "arguments": {"command": "ls -la"}}'
+    text = f"Let me look.\n<tool_call>\n{call_json}\n</tool_call>"
+    call = parse_tool_call(text)
+    assert call is not None and (call.name, call.arguments) == ("bash", {"command": "ls -la"})
+
+
+def test_hermes_double_encoded_arguments_and_missing_close_tag() -> None:
+    call = parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}')
+    assert call is not None and call.arguments == {"command": "pwd"}
+
+
+def test_function_parameter_call_keeps_code_verbatim() -> None:
+    text = (
+        "I will edit.\n<function=str_replace_editor>\n<parameter=command>str_replace</parameter>\n"
+        "<parameter=path>/workspace/a.py</parameter>\n"
+        "<parameter=old_str>\n    x = 1\n</parameter>\n"
+        "<parameter=new_str>\n    x = {'a': 2}\n</parameter>\n</function>"
+    )
+    call = parse_tool_call(text)
+    assert call is not None and call.name == "str_replace_editor"
+    assert call.arguments == {
+        "command": "str_replace",
+        "path": "/workspace/a.py",
+        "old_str": "    x = 1",
+        "new_str": "    x = {'a': 2}",
+    }
+
+
+def test_first_call_wins_and_plain_text_has_none() -> None:
+    text = (
+        '<function=finish></function> then <tool_call>{"name": "bash", "arguments": {}}</tool_call>'
+    )
+    call = parse_tool_call(text)
+    assert call is not None and call.name == "finish"
+    assert parse_tool_call("I think the answer is 42.") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('<tool_call>{"name": "bash", "arguments": {"command": "ls"</tool_call>', "not valid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'needs a "name"'),
+        ('<tool_call>{"name": "bash", "arguments": [1, 2]}</tool_call>', "must be a JSON object"),
+        ('<tool_call>{"name": "bash", "arguments": "{oops"}</tool_call>', "not JSON"),
+    ],
+)
+def test_broken_calls_explain_the_format(text: str, words: str) -> None:
+    with pytest.raises(ToolCallError) as info:
+        parse_tool_call(text)
+    assert words in str(info.value) and "<tool_call>" in str(info.value)

@@ -68,11 +68,11 @@ class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A path asked of a sandbox does not exist there."""
 
 
+class GraderError(AgentRLError, RuntimeError):
+    """A grader crashed or timed out: the episode's stop reason is eval_error, never reward 0."""
+
+
 class BrowserError(AgentRLError, RuntimeError):
     """Chromium is missing, does not start, or died under a running episode."""
 
     default_fix = "apt-get install -y chromium  (or set AGENTRL_CHROMIUM=/path/to/chromium)"
-
-
-class GraderError(AgentRLError, RuntimeError):
-    """A grader crashed or timed out: the episode is an eval_error, never a 0 reward."""

@@ -14,7 +14,6 @@ the event loop, so a long command holds no thread.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import io
 import logging
@@ -41,7 +40,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
 from agentrl.sandbox.images import docker_client
-from agentrl.sandbox.procs import kill_session
+from agentrl.sandbox.procs import ExitBackstop, kill_session, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ class DockerSandbox:
         self._shell_count = 0
         self._closed = False
         self._lock = threading.Lock()
-        _track(self)
+        _backstop.add(self._id, self.close_now)
 
     @property
     def id(self) -> str:
@@ -315,8 +314,7 @@ class DockerSandbox:
                 _remove(self._api, self._id)
             except (DockerException, requests.RequestException) as exc:
                 log.warning("could not remove sandbox %s (reap will): %s", self._id[:12], exc)
-        with _live_lock:
-            _live.pop(self._id, None)
+        _backstop.discard(self._id)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -529,25 +527,7 @@ def _remove(api: Any, container_id: str) -> None:
 
 # ---- leftovers: the atexit backstop, the reaper and gc ----
 
-_live: dict[str, DockerSandbox] = {}
-_live_lock = threading.Lock()
-_atexit_registered = False
-
-
-def _track(sandbox: DockerSandbox) -> None:
-    global _atexit_registered
-    with _live_lock:
-        _live[sandbox.id] = sandbox
-        if not _atexit_registered:
-            _atexit_registered = True
-            atexit.register(_close_all)
-
-
-def _close_all() -> None:
-    with _live_lock:
-        left = list(_live.values())
-    for sandbox in left:
-        sandbox.close_now()
+_backstop = ExitBackstop()
 
 
 def _close_in_background(task: asyncio.Future[DockerSandbox]) -> None:
@@ -555,19 +535,9 @@ def _close_in_background(task: asyncio.Future[DockerSandbox]) -> None:
         threading.Thread(target=task.result().close_now, name="agentrl-sandbox-close").start()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner_dead(labels: dict[str, str]) -> bool:
     host, _, pid = labels.get(OWNER, "").rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:

@@ -9,7 +9,6 @@ own. Snapshots are directory copies under `$AGENTRL_CACHE/snapshots/local/`.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
@@ -27,7 +26,7 @@ import pexpect
 
 from agentrl.errors import SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
-from agentrl.sandbox.procs import kill_session
+from agentrl.sandbox.procs import ExitBackstop, kill_session
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +41,7 @@ NO_ISOLATION = (
 )
 
 _warned = False
-_live: dict[str, LocalSandbox] = {}
-_live_lock = threading.Lock()
-_atexit_registered = False
+_backstop = ExitBackstop()
 
 
 def snapshots_dir() -> Path:
@@ -98,7 +95,7 @@ class LocalSandbox:
         self._shells: list[pexpect.spawn] = []
         self._closed = False
         self._lock = threading.Lock()
-        _track(self)
+        _backstop.add(self._id, self.close_now)
 
     @property
     def id(self) -> str:
@@ -241,8 +238,7 @@ class LocalSandbox:
                     child.close(force=True)
             self._shells.clear()
             shutil.rmtree(self.root, ignore_errors=True)
-        with _live_lock:
-            _live.pop(self._id, None)
+        _backstop.discard(self._id)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -271,20 +267,3 @@ def _write(target: Path, data: bytes, mode: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     target.chmod(mode)
-
-
-def _track(sandbox: LocalSandbox) -> None:
-    global _atexit_registered
-    with _live_lock:
-        _live[sandbox.id] = sandbox
-        if not _atexit_registered:
-            _atexit_registered = True
-            atexit.register(_close_all)
-
-
-def _close_all() -> None:
-    """atexit backstop: delete the temp dirs and kill the processes of unclosed sandboxes."""
-    with _live_lock:
-        left = list(_live.values())
-    for sandbox in left:
-        sandbox.close_now()

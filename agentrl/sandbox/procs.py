@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,3 +39,45 @@ def kill_session(sid: int, *, cgroup_marker: str | None = None) -> int:
             os.kill(int(entry.name), signal.SIGKILL)
             killed += 1
     return killed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ExitBackstop:
+    """Closes, at interpreter exit, what was opened and never closed (STYLE rule 9).
+
+    `add(key, close_now)` when something is opened, `discard(key)` when it is closed;
+    whatever is left when the interpreter exits gets its synchronous close called.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def add(self, key: str, close_now: Callable[[], None]) -> None:
+        with self._lock:
+            self._live[key] = close_now
+            if not self._registered:
+                self._registered = True
+                atexit.register(self.close_all)
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            self._live.pop(key, None)
+
+    def close_all(self) -> None:
+        with self._lock:
+            left = list(self._live.values())
+        for close_now in left:
+            with contextlib.suppress(Exception):
+                close_now()

@@ -45,6 +45,7 @@ from pydantic import BaseModel
 
 from agentrl.errors import BrowserError, ConfigError
 from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.procs import pid_alive
 from agentrl.tools.base import Observation
 
 ACTIONS = ("goto", "click", "type", "press", "scroll", "back", "read")
@@ -102,7 +103,7 @@ def _reap(*, orphans_only: bool) -> None:
         owner = next((a[len(_OWNER) :] for a in argv if a.startswith(_OWNER.encode())), b"")
         if not owner.isdigit():
             continue
-        keep = _alive(int(owner)) if orphans_only else int(owner) != me
+        keep = pid_alive(int(owner)) if orphans_only else int(owner) != me
         if keep:
             continue
         pid = int(entry.name)
@@ -111,16 +112,6 @@ def _reap(*, orphans_only: bool) -> None:
                 os.killpg(pid, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class _Chromium:

@@ -106,6 +106,18 @@ def test_each_violation_is_named(overrides, field, words):
     assert isinstance(info.value, ValueError)  # every agentrl error is also a stdlib type
 
 
+def test_infrastructure_failure_keeps_its_turns_with_a_zeroed_mask():
+    t = make(
+        loss_mask=[0] * 7,
+        logprobs=[0.0] * 7,
+        token_versions=[-1] * 7,
+        reward=None,
+        stop_reason=StopReason.eval_error,
+        error="grader crashed",
+    ).check()
+    assert not t.trainable and t.turns[0].span == (0, 3)
+
+
 def test_infrastructure_failure_is_valid_with_zero_mask():
     t = make(
         response_ids=[],

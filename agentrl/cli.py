@@ -46,6 +46,43 @@ def _cmd_images_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from agentrl.inference.embedded import load_tokenizer
+    from agentrl.runner import load_any_task, make_policy, run_task
+    from agentrl.sandbox import provider
+
+    task = load_any_task(args.task)
+    tokenizer = load_tokenizer()
+    sampler = make_policy(args.policy, tokenizer)
+    out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    async def go() -> object:
+        try:
+            return await run_task(
+                task,
+                sampler,
+                tokenizer,
+                provider(args.provider),
+                out,
+                samples=args.samples,
+                concurrency=args.concurrency,
+            )
+        finally:
+            await sampler.close()
+
+    summary = asyncio.run(go())
+    table = Table(title=f"agentrl run {task.spec.name} -> {out}")
+    table.add_column("metric")
+    table.add_column("value")
+    for key, value in summary.model_dump().items():  # type: ignore[attr-defined]
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
+    console.print(table)
+    return 0
+
+
 def _cmd_gc(args: argparse.Namespace) -> int:
     from agentrl.sandbox.docker import gc
 
@@ -95,17 +132,34 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from agentrl.tasks.load import TaskError, is_task_path, load_task
     from agentrl.trajectory import TrajectoryStore
 
     bad = 0
     for path in args.files:
-        try:
-            count = sum(1 for _ in TrajectoryStore(path).read())
-        except AgentRLError as e:
-            err_console.print(f"[red]{e}[/red]")
-            bad += 1
+        if path.suffix == ".jsonl":
+            try:
+                count = sum(1 for _ in TrajectoryStore(path).read())
+            except AgentRLError as e:
+                err_console.print(f"[red]{e}[/red]")
+                bad += 1
+            else:
+                console.print(f"{path}: {count} trajectories, all valid")
+        elif is_task_path(path):  # a .yaml/.yml task, or a task folder (load_task dispatches)
+            try:
+                task = load_task(path)
+            except TaskError as e:
+                for problem in e.problems:
+                    err_console.print(str(problem), markup=False, emoji=False)
+                bad += 1
+            else:
+                console.print(
+                    f"{path}: ok ({len(task.instances)} instances)", markup=False, emoji=False
+                )
         else:
-            console.print(f"{path}: {count} trajectories, all valid")
+            what = "a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)"
+            err_console.print(f"{path}: neither {what}", markup=False)
+            bad += 1
     return 1 if bad else 0
 
 
@@ -133,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.set_defaults(func=_cmd_images_build)
 
+    r = sub.add_parser("run", help="run a task's instances with a policy; trajectories + summary")
+    r.add_argument("task", help="a task YAML file, or a Terminal-Bench / Harbor task folder")
+    r.add_argument("--policy", default="local", help="local (the embedded model) or scripted:FILE")
+    r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
+    r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
+    r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    r.add_argument("--concurrency", type=int, default=4, help="episodes at once")
+    r.set_defaults(func=_cmd_run)
+
     g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")
     g.add_argument("--snapshots", action="store_true", help="also remove dead runs' snapshots")
     g.add_argument("--run", help="only this run id")
@@ -147,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_sample)
 
-    v = sub.add_parser("validate", help="validate trajectory files (JSONL)")
+    v = sub.add_parser(
+        "validate", help="validate task files (YAML, task folders) and trajectory files (JSONL)"
+    )
     v.add_argument("files", nargs="+", type=Path)
     v.set_defaults(func=_cmd_validate)
     return p

@@ -6,7 +6,8 @@ image. On a machine without a registry, a `debian:bookworm` recipe is made offli
 debootstrap installs `packages.txt` from the machine's own apt mirror and the rootfs is
 `docker import`ed with the Dockerfile's ENV/WORKDIR/CMD lines. Either way the image is
 tagged `agentrl/<name>:bookworm` and labelled with the recipe hash, so an unchanged
-recipe is never built twice.
+recipe is never built twice. `build_recipe` does the same for any folder (a task's own
+Dockerfile), tagged `agentrl/task-<folder>:<hash>`.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ Progress = Callable[[str], None]
 
 
 class ImageInfo(BaseModel):
-    """What `build_image` made, or found already up to date."""
+    """What `build_image` or `build_recipe` made, or found already up to date."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tag: str
-    """Image tag, `agentrl/<name>:bookworm`."""
+    """Image tag: `agentrl/<name>:bookworm`, or the tag `build_recipe` was given."""
     id: str
     """Image id (`sha256:...`)."""
     recipe_hash: str
@@ -108,7 +109,11 @@ def recipe_dir(name: str) -> Path:
 
 def recipe_hash(name: str) -> str:
     """Short sha256 over the recipe's files: relative path and bytes, in sorted order."""
-    folder = recipe_dir(name)
+    return folder_hash(recipe_dir(name))
+
+
+def folder_hash(folder: Path) -> str:
+    """Short sha256 over a folder's files: relative path and bytes, in sorted order."""
     digest = hashlib.sha256()
     for rel in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()):
         digest.update(rel.encode() + b"\0" + hashlib.sha256((folder / rel).read_bytes()).digest())
@@ -128,12 +133,34 @@ def build_image(
     progress: Progress | None = None,
 ) -> ImageInfo:
     """Build `agentrl/<name>:bookworm` unless an image with the same recipe hash exists."""
+    return build_recipe(
+        recipe_dir(name), image_tag(name), method=method, force=force, progress=progress
+    )
+
+
+def build_recipe(
+    folder: Path,
+    tag: str | None = None,
+    *,
+    method: Literal["auto", "dockerfile", "debootstrap"] = "auto",
+    force: bool = False,
+    progress: Progress | None = None,
+) -> ImageInfo:
+    """Build any recipe folder (a Dockerfile and its context) unless its hash is already built.
+
+    The tag defaults to `agentrl/task-<folder name>:<recipe hash>`.
+    """
     if method not in ("auto", "dockerfile", "debootstrap"):
         raise ImageBuildError(
             f"unknown build method {method!r}", fix="use auto, dockerfile or debootstrap"
         )
+    if not (folder / "Dockerfile").is_file():
+        raise ImageBuildError(f"{folder} has no Dockerfile", fix="add one, or name another folder")
     start = time.monotonic()
-    folder, digest, tag = recipe_dir(name), recipe_hash(name), image_tag(name)
+    digest = folder_hash(folder)
+    if tag is None:
+        slug = re.sub(r"[^a-z0-9_.-]+", "-", folder.resolve().name.lower()).strip(".-_")
+        tag = f"agentrl/task-{slug or 'recipe'}:{digest}"
     client = docker_client(timeout=600)
     try:
         current = _find(client, tag)

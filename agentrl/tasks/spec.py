@@ -165,6 +165,10 @@ class Instance(_Model):
     id: str
     fields: dict[str, Any] = Field(default_factory=dict)
 
+    def render(self, template: str) -> str:
+        """`template` with `{field}` placeholders (and `{id}`) filled; `{{` is a literal brace."""
+        return template.format_map({**self.fields, "id": self.id})
+
 
 class Task(_Model):
     """A loaded, validated task: the spec, where it lives, its instances, its hash."""

@@ -1,0 +1,210 @@
+"""The ReAct episode: INIT a sandbox, loop generate -> parse -> tool -> observe, EVAL.
+
+The conversation only grows by appending (ChatSession); the episode ends through an
+`EpisodeEnd` exception that carries its stop reason, caught in one place; the
+trajectory is built and validated in `finally`-safe code, so every episode — also
+one whose sandbox died or whose grader crashed — yields exactly one Trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentrl.chat import ChatSession
+from agentrl.errors import AgentRLError, GraderError
+from agentrl.inference.base import Sampler, SamplingParams
+from agentrl.tasks.spec import Instance, Task
+from agentrl.toolcall import FORMAT_HINT, ToolCallError, parse_tool_call
+from agentrl.tools.base import Observation, Tool, schema, tool_class
+from agentrl.trajectory import EnvInfo, StopReason, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.sandbox.base import Sandbox
+    from agentrl.tasks.env import TaskEnv
+
+
+class EpisodeEnd(Exception):
+    """Ends the RUN stage; `stop_reason` says why."""
+
+    def __init__(self, stop_reason: StopReason, detail: str = "") -> None:
+        super().__init__(detail or stop_reason.value)
+        self.stop_reason = stop_reason
+
+
+@dataclass
+class _Ledger:
+    """Per-token bookkeeping beside the ChatSession's ids and mask."""
+
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+
+    def sync(self, chat: ChatSession, sampled: tuple[list[float], int] | None = None) -> None:
+        """Pad to the chat's length: observation tokens get 0.0 / -1, sampled get theirs."""
+        if sampled is not None:
+            logprobs, version = sampled
+            self.logprobs += logprobs
+            self.versions += [version] * len(logprobs)
+        gap = len(chat.response_ids) - len(self.logprobs)
+        self.logprobs += [0.0] * gap
+        self.versions += [-1] * gap
+
+
+def build_tools(task: Task) -> dict[str, Tool]:
+    tools: dict[str, Tool] = {}
+    for config in task.spec.tool_configs():
+        options = dict(config.options)
+        if config.name == "bash":
+            options.setdefault("timeout", task.spec.limits.tool_timeout)
+        tool = tool_class(config.name)(**options)
+        tools[tool.name] = tool
+    return tools
+
+
+async def run_episode(
+    task: Task,
+    instance: Instance,
+    sample: int,
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    env: TaskEnv,
+    *,
+    scheduled_step: int = 0,
+) -> Trajectory:
+    """One episode of `task` on `instance`; always returns a validated Trajectory."""
+    trajectory_id = f"{instance.id}_{sample}"
+    tools = build_tools(task)
+    chat = ChatSession(
+        tokenizer,
+        [
+            {"role": "system", "content": instance.render(task.spec.prompt.system)},
+            {"role": "user", "content": instance.render(task.spec.prompt.instance)},
+        ],
+        tools=[schema(t) for t in tools.values()],
+    )
+    ledger = _Ledger()
+    reward: float | None = None
+    components: dict[str, Any] = {}
+    error: str | None = None
+    sandbox: Sandbox | None = None
+    env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
+    try:
+        sandbox = await env.init(instance, name=trajectory_id)
+        env_info.image = await env.image()
+        try:
+            async with asyncio.timeout(task.spec.limits.episode_timeout):
+                await _react(task, chat, ledger, tools, sampler, sandbox, trajectory_id)
+            stop = StopReason.max_turns
+        except EpisodeEnd as end:
+            stop = end.stop_reason
+        except TimeoutError:
+            stop = StopReason.episode_timeout
+        try:
+            grade = await env.evaluate(sandbox, instance)
+            reward, components = grade.reward, grade.components
+        except GraderError as e:
+            stop, error = StopReason.eval_error, str(e)
+    except AgentRLError as e:  # sandbox died, setup failed, image missing
+        stop, error = StopReason.sandbox_error, str(e)
+    finally:
+        await asyncio.shield(_close(tools, sandbox))
+    ledger.sync(chat)
+    infra = stop in (StopReason.sandbox_error, StopReason.eval_error, StopReason.aborted)
+    return Trajectory(
+        trajectory_id=trajectory_id,
+        group_id=instance.id,
+        task=task.spec.name,
+        prompt_ids=chat.prompt_ids,
+        response_ids=chat.response_ids,
+        # An infrastructure failure is never trained on as if the agent failed.
+        loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
+        logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
+        token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
+        reward=reward,
+        reward_components=components,
+        stop_reason=stop,
+        turns=ledger.turns,
+        scheduled_step=scheduled_step,
+        env=env_info,
+        error=error,
+    ).check()
+
+
+async def _react(
+    task: Task,
+    chat: ChatSession,
+    ledger: _Ledger,
+    tools: dict[str, Tool],
+    sampler: Sampler,
+    sandbox: Sandbox,
+    session_id: str,
+) -> None:
+    limits, sampling = task.spec.limits, task.spec.sampling
+    for _ in range(limits.max_turns):
+        room = limits.context_length - len(chat)
+        if room <= 0:
+            raise EpisodeEnd(StopReason.context_limit)
+        params = SamplingParams(
+            max_tokens=min(limits.max_new_tokens, room),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+        )
+        start = time.monotonic()
+        completion = await sampler.generate(chat.ids, params, session_id=session_id)
+        gen_seconds = time.monotonic() - start
+        begin = len(chat.response_ids)
+        text = chat.add_sampled(completion.token_ids, completion.finish_reason)
+        ledger.sync(chat, (completion.logprobs, completion.policy_version))
+        turn = Turn(action=text, span=(begin, len(chat.response_ids)), gen_seconds=gen_seconds)
+        ledger.turns.append(turn)
+        if completion.finish_reason == "length":
+            chat.close_turn()
+            raise EpisodeEnd(
+                StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
+            )
+        obs = await _act(text, tools, sandbox, turn)
+        turn.observation = obs.text
+        if obs.done:
+            raise EpisodeEnd(StopReason.finished)
+        chat.add_messages([{"role": "tool", "content": obs.text}])
+        ledger.sync(chat)
+
+
+async def _act(text: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn) -> Observation:
+    try:
+        call = parse_tool_call(text)
+    except ToolCallError as e:
+        return Observation(text=f"error: {e}", error=True)
+    if call is None:
+        return Observation(
+            text=f"error: no tool call found in your reply. {FORMAT_HINT}", error=True
+        )
+    turn.tool_call = call
+    tool = tools.get(call.name)
+    if tool is None:
+        names = ", ".join(sorted(tools))
+        return Observation(
+            text=f"error: unknown tool {call.name!r}; available: {names}", error=True
+        )
+    start = time.monotonic()
+    try:
+        obs = await tool(sandbox, **call.arguments)
+    except TypeError as e:  # arguments that do not fit the tool's call
+        obs = Observation(text=f"error: bad arguments for {call.name}: {e}", error=True)
+    turn.tool_seconds = time.monotonic() - start
+    turn.exit_code = obs.exit_code
+    return obs
+
+
+async def _close(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
+    for tool in tools.values():
+        with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
+            await tool.close()
+    if sandbox is not None:
+        await sandbox.close()

@@ -1,0 +1,154 @@
+"""`agentrl run`: every instance of a task, N samples each, trajectories to JSONL plus a summary.
+
+Episodes run concurrently (bounded), stream into `trajectories.jsonl` as they finish
+and are summarised in `summary.json`: reward mean and spread, stop reasons, tool
+calls and tool errors, timings. (The pipelined dispatcher of a later issue replaces
+the simple bounded gather used here; the episode code stays the same.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentrl.agent import run_episode
+from agentrl.errors import ConfigError
+from agentrl.inference.base import Sampler
+from agentrl.tasks.spec import Task
+from agentrl.trajectory import Trajectory, TrajectoryStore
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.sandbox.base import SandboxProvider
+
+
+class RunSummary(BaseModel):
+    """What a run did, in numbers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    run_id: str
+    trajectories: int
+    reward_mean: float | None
+    reward_std: float | None
+    reward_min: float | None
+    reward_max: float | None
+    stop_reasons: dict[str, int]
+    infra_failures: int
+    turns_mean: float
+    tool_calls: int
+    tool_errors: int
+    seconds: float
+    gen_seconds: float
+    tool_seconds: float
+
+
+def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -> RunSummary:
+    rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
+    turns = [turn for t in trajs for turn in t.turns]
+    calls = [turn for turn in turns if turn.tool_call is not None]
+    errors = [turn for turn in turns if turn.observation.startswith("error:")]
+    errors += [turn for turn in calls if turn.exit_code not in (None, 0)]
+    return RunSummary(
+        task=task,
+        run_id=run_id,
+        trajectories=len(trajs),
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+        reward_std=statistics.pstdev(rewards) if rewards else None,
+        reward_min=min(rewards) if rewards else None,
+        reward_max=max(rewards) if rewards else None,
+        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        infra_failures=sum(not t.trainable for t in trajs),
+        turns_mean=len(turns) / len(trajs) if trajs else 0.0,
+        tool_calls=len(calls),
+        tool_errors=len(errors),
+        seconds=round(seconds, 3),
+        gen_seconds=round(sum(t.gen_seconds for t in turns), 3),
+        tool_seconds=round(sum(t.tool_seconds for t in turns), 3),
+    )
+
+
+def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
+    """`local`, `scripted:FILE` (or `openai:URL` once the HTTP sampler lands)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "local":
+        from agentrl.inference.local import LocalSampler
+
+        return LocalSampler.embedded()
+    if kind == "scripted" and arg:
+        from agentrl.inference.scripted import ScriptedSampler, load_script
+
+        return ScriptedSampler(load_script(arg), tokenizer)
+    raise ConfigError(
+        f"unknown policy {spec!r}", fix="use --policy local or --policy scripted:FILE"
+    )
+
+
+def load_any_task(path: str | Path) -> Task:
+    """A YAML task file, or a Terminal-Bench / Harbor task folder."""
+    path = Path(path)
+    if path.is_dir():
+        from agentrl.tasks.terminal import load_terminal_task
+
+        return load_terminal_task(path)
+    from agentrl.tasks.load import load_task
+
+    return load_task(path)
+
+
+async def run_task(
+    task: Task,
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    provider: SandboxProvider,
+    out_dir: Path,
+    *,
+    samples: int = 1,
+    concurrency: int = 4,
+    show_progress: bool = True,
+) -> RunSummary:
+    from agentrl.tasks.env import TaskEnv
+
+    run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = TrajectoryStore(out_dir / "trajectories.jsonl")
+    env = TaskEnv(task, provider, run_id)
+    slots = asyncio.Semaphore(concurrency)
+    done: list[Trajectory] = []
+    jobs = [(inst, k) for inst in task.instances for k in range(samples)]
+    start = time.monotonic()
+    with Progress(
+        TextColumn(f"[bold]{task.spec.name}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        disable=not show_progress,
+    ) as progress:
+        bar = progress.add_task("", total=len(jobs))
+
+        async def one(instance: Any, k: int) -> None:
+            async with slots:
+                traj = await run_episode(task, instance, k, sampler, tokenizer, env)
+            store.append(traj)
+            done.append(traj)
+            mean = statistics.fmean([t.reward or 0.0 for t in done])
+            progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")
+
+        await asyncio.gather(*(one(inst, k) for inst, k in jobs))
+    summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
+    tmp = out_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary.model_dump(), indent=2) + "\n")
+    tmp.replace(out_dir / "summary.json")  # never a half-written summary
+    return summary

@@ -1,0 +1,151 @@
+"""A task's INIT and EVAL stages: start and prepare a sandbox; later, grade it.
+
+INIT resolves the image (named, or built from the task's recipe folder once per recipe
+hash), starts a sandbox with the task's limits, copies `sandbox.files` in and runs the
+setup commands. EVAL copies `grader.files` in (only then, so the agent never saw them)
+and grades. Paths in the spec are relative to `task.base_dir`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import re
+from pathlib import Path
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
+from agentrl.sandbox.images import build_recipe, folder_hash
+from agentrl.tasks.graders import Grade, fill, grade
+from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
+
+SETUP_TIMEOUT_S = 600.0
+"""Seconds each setup command may take."""
+
+
+class TaskEnv:
+    """Starts, prepares and grades the sandboxes of one task's episodes."""
+
+    def __init__(self, task: Task, provider: SandboxProvider, run_id: str) -> None:
+        self.task = task
+        self.provider = provider
+        self.run_id = run_id
+        self._image: str | None = None
+        self._image_lock = asyncio.Lock()
+
+    async def image(self) -> str:
+        """The image to start: named by the spec, or built from its recipe (once)."""
+        async with self._image_lock:
+            if self._image is None:
+                self._image = await self._resolve_image()
+            return self._image
+
+    async def instance_image(self, instance: Instance) -> str:
+        """The image `instance` starts from; importers with an image per instance override it."""
+        return await self.image()
+
+    async def init(self, instance: Instance, name: str) -> Sandbox:
+        """A started sandbox with the task's files and setup in place, tests nowhere in it."""
+        config = self.task.spec.sandbox
+        spec = SandboxSpec(
+            image=await self.instance_image(instance),
+            workdir=config.workdir,
+            cpus=config.cpus,
+            memory_mb=config.memory_mb,
+            pids=config.pids,
+            env=config.env,
+            run_id=self.run_id,
+            name=name,
+        )
+        sandbox = await self.provider.start(spec)
+        try:
+            for dest, source in config.files.items():
+                await put_path(sandbox, self._local(source), dest)
+            for template in config.setup:
+                command = fill(template, instance)
+                done = await sandbox.exec(ExecRequest(command=command, timeout=SETUP_TIMEOUT_S))
+                if done.exit_code != 0:
+                    how = "timed out" if done.timed_out else f"exited {done.exit_code}"
+                    raise SandboxError(
+                        f"setup command {_one_line(command, 120)!r} {how}: "
+                        f"{_one_line(done.output, 300, tail=True)}",
+                        fix=f"fix the setup commands of {self.task.path}",
+                    )
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        """Copy the grader's files in now, then grade; GraderError if the grader fails."""
+        grader = self.task.spec.grader
+        folders = [d for d, s in grader.files.items() if self._local(s).is_dir()]
+        workdir = sandbox.spec.workdir
+        # A folder outside the workdir (/tests) replaces whatever the agent left there (a
+        # planted conftest.py); inside the workdir it merges, so the project keeps its files.
+        doomed = [
+            path
+            for path in (_absolute(d, workdir) for d in folders)
+            if not _contains(path, workdir) and not _contains(workdir, path)
+        ]
+        if doomed:
+            await sandbox.exec(ExecRequest(command=["rm", "-rf", "--", *doomed], timeout=60))
+        for dest, source in grader.files.items():
+            await put_path(sandbox, self._local(source), dest)
+        return await grade(self.task, instance, sandbox)
+
+    def _local(self, relative: str) -> Path:
+        path = Path(self.task.base_dir) / relative
+        if not path.exists():
+            raise ConfigError(
+                f"{self.task.path}: {relative} does not exist in {self.task.base_dir}",
+                fix="fix the path (it is relative to the task file)",
+            )
+        return path
+
+    async def _resolve_image(self) -> str:
+        config = self.task.spec.sandbox
+        if config.image or not config.recipe:
+            return config.image or DEFAULT_IMAGE
+        if self.provider.name != "docker":  # the local provider runs no image
+            return DEFAULT_IMAGE
+        folder = self._local(config.recipe)
+        slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_") or "task"
+        tag = f"agentrl/task-{slug}:{folder_hash(folder)}"
+        info = await asyncio.to_thread(build_recipe, folder, tag)
+        return info.tag
+
+
+async def put_path(sandbox: Sandbox, source: Path, dest: str) -> int:
+    """Copy a file or a folder (binary-safe, modes kept) to `dest`; returns the files copied."""
+    if source.is_file():
+        await sandbox.write_file(dest, source.read_bytes(), mode=source.stat().st_mode & 0o777)
+        return 1
+    entries = sorted(source.rglob("*"))
+    folders = [
+        posixpath.join(dest, p.relative_to(source).as_posix()) for p in entries if p.is_dir()
+    ]
+    made = await sandbox.exec(ExecRequest(command=["mkdir", "-p", dest, *folders], timeout=60))
+    if made.exit_code != 0:
+        raise SandboxError(f"cannot create {dest} in the sandbox: {_one_line(made.output, 200)}")
+    files = [p for p in entries if p.is_file()]
+    for path in files:
+        target = posixpath.join(dest, path.relative_to(source).as_posix())
+        await sandbox.write_file(target, path.read_bytes(), mode=path.stat().st_mode & 0o777)
+    return len(files)
+
+
+def _absolute(path: str, workdir: str) -> str:
+    return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def _contains(folder: str, path: str) -> bool:
+    """Whether `path` is `folder` or lies under it."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _one_line(text: str, chars: int, *, tail: bool = False) -> str:
+    flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    if len(flat) <= chars:
+        return flat or "(no output)"
+    return "..." + flat[-chars:] if tail else flat[:chars] + "..."

@@ -1,0 +1,289 @@
+"""Graders: the sandbox after RUN becomes a reward (EVAL).
+
+Three kinds, declared in `spec.py`: a command (exit code 0 gives 1.0, or the number it
+wrote to a reward file), pytest (every FAIL_TO_PASS and PASS_TO_PASS test must pass,
+read from the `-rA` summary), and a python `module:function`. A grader that crashes or
+times out raises `GraderError`, which the episode records as eval_error, never as a
+reward of 0. A sandbox that dies under a grader raises `SandboxError` as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.errors import ConfigError, GraderError, SandboxError, SandboxFileNotFound
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox
+from agentrl.tasks.spec import CommandGrader, Instance, PytestGrader, PythonGrader, Task
+
+OUTPUT_KEEP_CHARS = 8000
+"""`Grade.output` keeps this many characters: a quarter from the start, the rest from the end."""
+PYTEST_STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
+PASSING = ("PASSED", "XFAIL")
+"""Statuses a listed test may have for the pytest grader to pass it (as SWE-bench grades)."""
+
+_PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
+_NODE_ID = re.compile(r"[^\s\[]+(?:\[.*?\])?(?=\s|$)")
+
+
+class Grade(BaseModel):
+    """What a grader made of one sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reward: float
+    components: dict[str, Any]
+    """The grader's raw outputs (exit code, per-test statuses, extra reward keys)."""
+    output: str
+    """What the grader printed, head and tail kept."""
+    seconds: float
+
+
+async def grade(task: Task, instance: Instance, sandbox: Sandbox) -> Grade:
+    """Grade `sandbox` with the task's grader; GraderError if the grader itself fails."""
+    grader, started = task.spec.grader, time.monotonic()
+    if isinstance(grader, CommandGrader):
+        reward, components, output = await _command(grader, instance, sandbox)
+    elif isinstance(grader, PytestGrader):
+        reward, components, output = await _pytest(grader, instance, sandbox)
+    else:
+        reward, components, output = await _python(grader, instance, sandbox, task.base_dir)
+    return Grade(
+        reward=reward,
+        components=components,
+        output=truncate(output),
+        seconds=time.monotonic() - started,
+    )
+
+
+def fill(template: str, instance: Instance) -> str:
+    """Put instance fields (and `id`) into `{name}` placeholders; other braces stay as they are.
+
+    `${VAR}` is left to the shell, and a name that is no field is left untouched.
+    """
+    values = {**instance.fields, "id": instance.id}
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return str(values[name]) if name in values else match.group(0)
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def truncate(text: str, keep: int = OUTPUT_KEEP_CHARS) -> str:
+    if len(text) <= keep:
+        return text
+    head, tail = keep // 4, keep - keep // 4
+    return f"{text[:head]}\n[... {len(text) - keep} chars elided ...]\n{text[-tail:]}"
+
+
+def parse_reward(text: str, source: str) -> tuple[float, dict[str, Any]]:
+    """A reward file's number, or a JSON object's `reward` (its other numbers become components)."""
+    stripped = text.strip()
+    extra: dict[str, Any] = {}
+    try:
+        reward = float(stripped)
+    except ValueError:
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not _is_number(data.get("reward")):
+            raise GraderError(
+                f"reward file {source} holds {stripped[:80]!r}: expected a number "
+                'or a JSON object with a numeric "reward"'
+            ) from None
+        reward = float(data["reward"])
+        extra = {k: v for k, v in data.items() if k != "reward"}
+    if not math.isfinite(reward):
+        raise GraderError(f"reward file {source} holds {reward}, not a finite number")
+    return reward, extra
+
+
+def parse_pytest_log(log: str, wanted: Iterable[str] = ()) -> dict[str, str]:
+    """Test id -> status from the `short test summary info` sections of a `pytest -rA` log.
+
+    Lines read `STATUS <node id>[ - message]`. A node id may hold spaces inside its
+    parametrize brackets; ids in `wanted` are matched exactly first, so those parse
+    however odd they are. With several pytest runs in one log, the later status wins.
+    """
+    known = sorted(set(wanted), key=len, reverse=True)
+    statuses: dict[str, str] = {}
+    inside = False
+    for raw in log.splitlines():
+        line = raw.rstrip()
+        if _SUMMARY_HEADER.match(line):
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line.startswith("=") or not line:  # the closing "=== 3 passed in 0.1s ===" line
+            inside = False
+            continue
+        status, _, rest = line.partition(" ")
+        if status not in PYTEST_STATUSES or not rest:
+            continue
+        node = next((w for w in known if rest == w or rest.startswith(w + " ")), None)
+        if node is None:
+            match = _NODE_ID.match(rest)
+            node = match.group(0) if match else rest.split()[0]
+        statuses[node] = status
+    return statuses
+
+
+def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
+    """Test ids given inline, or named by an instance field (a list, or JSON text of one)."""
+    if isinstance(value, list):
+        return value
+    if value not in instance.fields:
+        return []
+    field = instance.fields[value]
+    if isinstance(field, str):
+        try:
+            field = json.loads(field) if field.strip() else []
+        except ValueError:
+            raise GraderError(
+                f"instance {instance.id}: field {value} is not a JSON list of test ids"
+            ) from None
+    if not isinstance(field, list) or not all(isinstance(t, str) for t in field):
+        raise GraderError(f"instance {instance.id}: field {value} must list test ids (strings)")
+    return field
+
+
+async def _command(
+    grader: CommandGrader, instance: Instance, sandbox: Sandbox
+) -> tuple[float, dict[str, Any], str]:
+    reward_file = fill(grader.reward_file, instance) if grader.reward_file else None
+    if reward_file:  # a file the agent left there must not count
+        await sandbox.exec(ExecRequest(command=["rm", "-f", reward_file], timeout=30))
+    result = await _run(sandbox, fill(grader.command, instance), grader.timeout, "grader command")
+    components: dict[str, Any] = {"exit_code": result.exit_code}
+    if reward_file is None:
+        return (1.0 if result.exit_code == 0 else 0.0), components, result.output
+    try:
+        data = await sandbox.read_file(reward_file)
+    except SandboxFileNotFound:
+        raise GraderError(
+            f"grader command exited {result.exit_code} and wrote no reward file {reward_file}: "
+            f"{_tail(result.output)}"
+        ) from None
+    reward, extra = parse_reward(data.decode(errors="replace"), reward_file)
+    return reward, {**components, **extra}, result.output
+
+
+async def _pytest(
+    grader: PytestGrader, instance: Instance, sandbox: Sandbox
+) -> tuple[float, dict[str, Any], str]:
+    fail_to_pass = listed_tests(grader.fail_to_pass, instance)
+    pass_to_pass = listed_tests(grader.pass_to_pass, instance)
+    wanted = list(dict.fromkeys(fail_to_pass + pass_to_pass))
+    if not wanted:
+        raise GraderError(f"instance {instance.id}: the pytest grader lists no tests to run")
+    command = fill(grader.command, instance)
+    if "-rA" not in command.split():
+        command += " -rA"
+    command += " " + " ".join(shlex.quote(t) for t in wanted)
+    result = await _run(sandbox, command, grader.timeout, "pytest")
+    if result.exit_code in (126, 127):  # the command itself is missing, not a failing test
+        raise GraderError(f"pytest did not run (exit {result.exit_code}): {_tail(result.output)}")
+    found = parse_pytest_log(result.output, wanted)
+    tests = {t: found.get(t, "MISSING") for t in wanted}
+    reward = 1.0 if all(s in PASSING for s in tests.values()) else 0.0
+    return reward, {"tests": tests, "exit_code": result.exit_code}, result.output
+
+
+async def _python(
+    grader: PythonGrader, instance: Instance, sandbox: Sandbox, base_dir: str
+) -> tuple[float, dict[str, Any], str]:
+    fn = load_function(grader.function, Path(base_dir))
+    try:
+        value = fn(sandbox, instance)
+        if inspect.isawaitable(value):
+            value = await asyncio.wait_for(value, grader.timeout)
+    except TimeoutError:
+        raise GraderError(
+            f"grader {grader.function} timed out after {grader.timeout:g} s"
+        ) from None
+    except (GraderError, SandboxError):
+        raise
+    except Exception as exc:
+        raise GraderError(f"grader {grader.function} crashed: {type(exc).__name__}: {exc}") from exc
+    if _is_number(value):
+        reward, components, output = float(value), {}, ""
+    elif isinstance(value, dict) and _is_number(value.get("reward")):
+        reward, output = float(value["reward"]), str(value.get("output", ""))
+        components = {k: v for k, v in value.items() if k not in ("reward", "output")}
+    else:
+        raise GraderError(
+            f"grader {grader.function} returned {type(value).__name__}: "
+            'expected a number or a dict with a numeric "reward"'
+        )
+    if not math.isfinite(reward):
+        raise GraderError(f"grader {grader.function} returned a reward of {reward}")
+    return reward, components, output
+
+
+def load_function(path: str, base_dir: Path) -> Callable[..., Any]:
+    """`module:function`, importable, or a module file beside the task (`grade.py` for `grade`)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        file = base_dir.joinpath(*module_name.split(".")).with_suffix(".py")
+        if exc.name is None or not module_name.startswith(exc.name) or not file.is_file():
+            raise ConfigError(f"grader {path}: cannot import {module_name}: {exc}") from exc
+        module = _load_file(file, module_name)
+    except Exception as exc:  # importing user code may raise anything
+        raise ConfigError(f"grader {path}: importing {module_name} failed: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"grader {path}: {module_name} has no function {attr}")
+    return cast(Callable[..., Any], fn)
+
+
+def _load_file(file: Path, module_name: str) -> Any:
+    key = f"agentrl_task_graders.{module_name}.{abs(hash(str(file.resolve())))}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot load grader module {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[key]
+        raise ConfigError(f"grader module {file} fails to import: {exc}") from exc
+    return module
+
+
+async def _run(sandbox: Sandbox, command: str, timeout: float, what: str) -> ExecResult:
+    result = await sandbox.exec(ExecRequest(command=command, timeout=timeout))
+    if result.timed_out:
+        raise GraderError(f"{what} timed out after {timeout:g} s: {_tail(result.output)}")
+    return result
+
+
+def _tail(output: str, chars: int = 300) -> str:
+    """The end of some output on one line, for an error message."""
+    text = " | ".join(line.strip() for line in output.strip().splitlines() if line.strip())
+    return ("..." + text[-chars:]) if len(text) > chars else (text or "(no output)")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,271 @@
+"""Terminal-Bench and Harbor task folders, loaded as they are (no conversion step).
+
+Terminal-Bench (laude-institute/terminal-bench): `task.yaml` (`instruction`,
+`max_agent_timeout_sec`, `max_test_timeout_sec`), a `Dockerfile` at the folder root,
+`run-tests.sh`, `tests/`, `solution.sh`. After the agent, its harness copies
+`run-tests.sh` and `tests/` into `/tests`, runs `bash /tests/run-tests.sh` with
+`TEST_DIR=/tests` and parses pytest's `-rA` summary from the output: resolved when
+every parsed test passed (skipped and xfail count as passed).
+
+Harbor: `task.toml` (`[agent]`/`[verifier]` `timeout_sec`, `[environment]` `cpus`,
+`memory_mb`, `docker_image`), `instruction.md`, `environment/Dockerfile`,
+`tests/test.sh`, `solution/solve.sh`. Its verifier uploads `tests/` to `/tests`, runs
+`/tests/test.sh` and reads the reward from `/logs/verifier/reward.txt` (or
+`reward.json`).
+
+Either way the result is a `Task` with one instance; tests reach the sandbox at EVAL.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from agentrl.errors import ConfigError, GraderError
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox
+from agentrl.sandbox.images import folder_hash
+from agentrl.tasks.env import put_path
+from agentrl.tasks.graders import parse_pytest_log
+from agentrl.tasks.spec import (
+    CommandGrader,
+    EpisodeLimits,
+    Instance,
+    PromptConfig,
+    PythonGrader,
+    SandboxConfig,
+    Task,
+    TaskSpec,
+)
+
+Format = Literal["terminal-bench", "harbor"]
+
+TESTS_DIR = "/tests"
+REWARD_DIR = "/logs/verifier"
+TB_ORACLE = "/oracle/solution.sh"
+HARBOR_SOLUTION_DIR = "/solution"
+DEFAULT_AGENT_TIMEOUT_S = 1800.0
+DEFAULT_TEST_TIMEOUT_S = 120.0
+TB_PASSING = ("PASSED", "XFAIL", "SKIPPED")
+SYSTEM_PROMPT = (
+    "You are an expert at solving tasks in a Linux terminal. You work inside a sandboxed "
+    "container without network access. Use the tools to inspect the environment, make the "
+    "changes the task asks for, check your work, and call finish when the task is done."
+)
+# Harbor clears the verifier folder, runs test.sh as an executable and keeps its output.
+HARBOR_VERIFY = (
+    f"rm -rf {REWARD_DIR} && mkdir -p {REWARD_DIR} && chmod +x {TESTS_DIR}/test.sh && "
+    f"{TESTS_DIR}/test.sh 2>&1 | tee {REWARD_DIR}/test-stdout.txt; "
+    f"if [ ! -e {REWARD_DIR}/reward.txt ] && [ -e {REWARD_DIR}/reward.json ]; then "
+    f"cp {REWARD_DIR}/reward.json {REWARD_DIR}/reward.txt; fi"
+)
+
+
+def detect_format(folder: Path) -> Format:
+    """`harbor` for a task.toml folder, `terminal-bench` for a task.yaml one."""
+    if (folder / "task.toml").is_file():
+        return "harbor"
+    if (folder / "task.yaml").is_file():
+        return "terminal-bench"
+    raise ConfigError(
+        f"{folder} is neither a Terminal-Bench task (task.yaml) nor a Harbor task (task.toml)",
+        fix="point at the task's own folder",
+    )
+
+
+def load_terminal_task(folder: Path | str) -> Task:
+    """The task in a Terminal-Bench or Harbor folder, its format detected."""
+    root = Path(folder).resolve()
+    kind = detect_format(root)
+    build = _terminal_bench if kind == "terminal-bench" else _harbor
+    fields, sandbox, grader, agent_timeout = build(root)
+    try:
+        spec = TaskSpec(
+            name=root.name,
+            description=f"{kind} task {root.name}",
+            sandbox=sandbox,
+            instances=[{"id": root.name, **fields}],
+            prompt=PromptConfig(system=SYSTEM_PROMPT, instance="{instruction}"),
+            limits=EpisodeLimits(
+                episode_timeout=agent_timeout, tool_timeout=min(60.0, agent_timeout)
+            ),
+            grader=grader,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{root}: {where}: {first['msg']}") from None
+    instance = Instance(id=root.name, fields=fields)
+    return Task(
+        spec=spec, path=str(root), base_dir=str(root), instances=[instance], hash=folder_hash(root)
+    )
+
+
+def oracle_script(folder: Path | str) -> Path:
+    """The reference solution: `solution.sh` (Terminal-Bench), `solution/solve.sh` (Harbor)."""
+    root = Path(folder)
+    script = root / ("solution/solve.sh" if detect_format(root) == "harbor" else "solution.sh")
+    if not script.is_file():
+        raise ConfigError(
+            f"{root} has no {script.relative_to(root)}",
+            fix="add the reference solution (a solution.yaml of keystrokes is not supported)",
+        )
+    return script
+
+
+async def run_oracle(task: Task, sandbox: Sandbox, timeout: float = 600.0) -> ExecResult:
+    """Copy the reference solution in as each harness does, and run it in the workdir."""
+    root, script = Path(task.path), oracle_script(task.path)
+    if detect_format(root) == "harbor":
+        await put_path(sandbox, script.parent, HARBOR_SOLUTION_DIR)
+        command = f"bash {HARBOR_SOLUTION_DIR}/{script.name}"
+    else:
+        await put_path(sandbox, script, TB_ORACLE)
+        command = f"bash {TB_ORACLE}"
+    return await sandbox.exec(ExecRequest(command=command, timeout=timeout))
+
+
+async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> dict[str, Any]:
+    """Terminal-Bench's grading: run /tests/run-tests.sh, parse pytest's summary from it."""
+    timeout = float(instance.fields.get("test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
+    request = ExecRequest(
+        command=["bash", f"{TESTS_DIR}/run-tests.sh"], timeout=timeout, env={"TEST_DIR": TESTS_DIR}
+    )
+    result = await sandbox.exec(request)
+    if result.timed_out:
+        raise GraderError(f"run-tests.sh timed out after {timeout:g} s")
+    tests = parse_pytest_log(result.output)
+    resolved = bool(tests) and all(status in TB_PASSING for status in tests.values())
+    return {
+        "reward": 1.0 if resolved else 0.0,
+        "tests": tests,
+        "exit_code": result.exit_code,
+        "output": result.output,
+    }
+
+
+def _terminal_bench(
+    root: Path,
+) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, float]:
+    data = _yaml(root / "task.yaml")
+    instruction = data.get("instruction")
+    if not instruction:  # the older layout: a list of descriptions, `base` first
+        described = [d for d in data.get("descriptions") or [] if isinstance(d, dict)]
+        base = next((d for d in described if d.get("key") == "base"), None)
+        instruction = (base or (described[0] if described else {})).get("description")
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ConfigError(f"{root / 'task.yaml'}: instruction: missing or empty")
+    for required in ("Dockerfile", "run-tests.sh"):
+        if not (root / required).is_file():
+            raise ConfigError(f"{root} has no {required}", fix="add it (Terminal-Bench layout)")
+    _single_container(root / "docker-compose.yaml")
+    test_timeout = float(data.get("max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
+    agent_timeout = float(data.get("max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
+    files = {TESTS_DIR: "tests"} if (root / "tests").is_dir() else {}
+    files[f"{TESTS_DIR}/run-tests.sh"] = "run-tests.sh"
+    grader = PythonGrader(
+        type="python",
+        function=f"{__name__}:grade_terminal_bench",
+        files=files,
+        timeout=test_timeout + 60,
+    )
+    workdir = _workdir(root / "Dockerfile") or SandboxConfig().workdir
+    sandbox = SandboxConfig(recipe=".", workdir=workdir)
+    fields = {"instruction": instruction.strip(), "test_timeout_sec": test_timeout}
+    return fields, sandbox, grader, agent_timeout
+
+
+def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, CommandGrader, float]:
+    try:
+        data = tomllib.loads((root / "task.toml").read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{root / 'task.toml'}: {exc}") from None
+    instruction_file = root / "instruction.md"
+    if not instruction_file.is_file() or not instruction_file.read_text().strip():
+        raise ConfigError(f"{root} has no instruction.md (or it is empty)")
+    if not (root / "tests" / "test.sh").is_file():
+        raise ConfigError(f"{root} has no tests/test.sh", fix="add it (Harbor layout)")
+    environment = _table(data, "environment")
+    image = environment.get("docker_image") or None
+    dockerfile = root / "environment" / "Dockerfile"
+    if image is None and not dockerfile.is_file():
+        raise ConfigError(f"{root}: no environment/Dockerfile and no environment.docker_image")
+    workdir = environment.get("workdir") or (_workdir(dockerfile) if image is None else None)
+    sandbox = SandboxConfig(
+        image=image,
+        recipe=None if image else "environment",
+        workdir=workdir or SandboxConfig().workdir,
+        cpus=float(environment.get("cpus", 1)),
+        memory_mb=_memory_mb(environment),
+    )
+    verifier = _table(data, "verifier")
+    exports = "".join(
+        f"export {k}={shlex.quote(str(v))}; " for k, v in _table(verifier, "env").items()
+    )
+    grader = CommandGrader(
+        type="command",
+        command=exports + HARBOR_VERIFY,
+        reward_file=f"{REWARD_DIR}/reward.txt",
+        files={TESTS_DIR: "tests"},
+        timeout=float(verifier.get("timeout_sec", DEFAULT_TEST_TIMEOUT_S)),
+    )
+    agent_timeout = float(_table(data, "agent").get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
+    return {"instruction": instruction_file.read_text().strip()}, sandbox, grader, agent_timeout
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"task.toml: [{key}] must be a table")
+    return value
+
+
+def _single_container(compose: Path) -> None:
+    if not compose.is_file():
+        return
+    services = (_yaml(compose).get("services") or {}).keys()
+    if len(services) > 1:
+        raise ConfigError(
+            f"{compose}: services {', '.join(services)}: multi-container tasks are not supported",
+            fix="agentrl starts one sandbox per episode, from the task's Dockerfile",
+        )
+
+
+def _workdir(dockerfile: Path) -> str | None:
+    """The last WORKDIR of the Dockerfile's last stage (None if it sets none)."""
+    workdir: str | None = None
+    text = dockerfile.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        keyword, _, rest = line.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            workdir = None
+        elif keyword.upper() == "WORKDIR" and rest.strip():
+            value = rest.strip().strip('"')
+            workdir = value if value.startswith("/") else f"{workdir or ''}/{value}"
+    return workdir
+
+
+def _memory_mb(environment: dict[str, Any]) -> int:
+    if "memory_mb" in environment:
+        return int(environment["memory_mb"])
+    memory = str(environment.get("memory", "2048M"))  # older task.toml files: "2G"
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", memory, re.IGNORECASE)
+    if match is None:
+        raise ConfigError(f"task.toml: environment.memory: cannot read {memory!r}", fix='e.g. "2G"')
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
+    return max(64, int(float(match.group(1)) * scale))

@@ -1,0 +1,3 @@
+def word_count(text):
+    """The number of whitespace-separated words in text."""
+    return len(text.split())

@@ -1,0 +1,177 @@
+"""The ReAct episode end to end: real tokenizer, real Docker sandbox, real grader.
+
+Policies: the scripted one (deterministic replies through the real chat template) and
+the embedded SmolLM2 model. Every episode must come back as one validated trajectory
+whose token ids decode to exactly the conversation its turn records describe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentrl.agent import run_episode
+from agentrl.chat import ChatSession
+from agentrl.inference.embedded import load_tokenizer
+from agentrl.inference.scripted import ScriptedSampler, load_script
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import Task
+from agentrl.tools.base import schema
+from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
+
+pytestmark = [pytest.mark.docker, pytest.mark.model]
+DATA = Path(__file__).parent / "data" / "agent"
+RUN_ID = f"test-agent-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return load_task(DATA / "echo_task.yaml")
+
+
+def episode(task: Task, tokenizer, sampler, instance: int = 0) -> Trajectory:
+    async def main() -> Trajectory:
+        env = TaskEnv(task, DockerProvider(), RUN_ID)
+        return await run_episode(task, task.instances[instance], 0, sampler, tokenizer, env)
+
+    return asyncio.run(main())
+
+
+def conversation_ids(task: Task, traj: Trajectory, tokenizer) -> list[int]:
+    """Rebuild the ids from the turn records alone, through the chat template."""
+    from agentrl.agent import build_tools
+
+    instance = next(i for i in task.instances if i.id == traj.group_id)
+    messages = [
+        {"role": "system", "content": instance.render(task.spec.prompt.system)},
+        {"role": "user", "content": instance.render(task.spec.prompt.instance)},
+    ]
+    tools = [schema(t) for t in build_tools(task).values()]
+    chat = ChatSession(tokenizer, messages, tools=tools)
+    eos = tokenizer.eos_token_id
+    for turn in traj.turns:
+        sampled = traj.response_ids[turn.span[0] : turn.span[1]]
+        chat.add_sampled(sampled, "stop" if sampled[-1] == eos else "length")
+        if turn is traj.turns[-1] and traj.stop_reason == StopReason.finished:
+            break
+        if sampled[-1] != eos:  # a turn cut off by a length limit ends the episode
+            chat.close_turn()
+            break
+        chat.add_messages([{"role": "tool", "content": turn.observation}])
+    return chat.ids
+
+
+def test_oracle_script_earns_one_and_the_ledger_is_exact(task: Task, tokenizer) -> None:
+    traj = episode(task, tokenizer, ScriptedSampler(load_script(DATA / "oracle.yaml"), tokenizer))
+    assert traj.stop_reason == StopReason.finished
+    assert traj.reward == 1.0 and traj.trainable
+    assert [t.tool_call.name for t in traj.turns if t.tool_call] == ["bash", "finish"]
+    assert "greeting.txt" in traj.turns[0].observation and traj.turns[0].exit_code == 0
+    assert traj.env.image == "agentrl/base:bookworm" and traj.env.task_hash == task.hash
+    # Token-in-token-out: the ids are exactly the conversation the turn records describe.
+    assert traj.prompt_ids + traj.response_ids == conversation_ids(task, traj, tokenizer)
+    sampled = [i for i, m in enumerate(traj.loss_mask) if m]
+    assert sampled == [i for t in traj.turns for i in range(*t.span)]
+
+
+def test_doing_nothing_earns_zero(task: Task, tokenizer) -> None:
+    traj = episode(task, tokenizer, ScriptedSampler(load_script(DATA / "noop.yaml"), tokenizer))
+    assert (traj.stop_reason, traj.reward) == (StopReason.finished, 0.0)
+
+
+def test_malformed_calls_get_guidance_and_the_episode_goes_on(task: Task, tokenizer) -> None:
+    sampler = ScriptedSampler(load_script(DATA / "clumsy.yaml"), tokenizer)
+    traj = episode(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.max_turns and len(traj.turns) == 4
+    first, second, third, fourth = (t.observation for t in traj.turns)
+    assert first.startswith("error: no tool call found") and "<tool_call>" in first
+    assert second.startswith("error: the text inside <tool_call> is not valid JSON")
+    assert third.startswith("error: unknown tool 'python'; available: bash, finish")
+    assert fourth == "still going\n"
+    assert traj.reward == 0.0
+    assert traj.prompt_ids + traj.response_ids == conversation_ids(task, traj, tokenizer)
+
+
+def test_missing_image_is_an_infrastructure_failure_with_zero_mask(task: Task, tokenizer) -> None:
+    spec = task.spec.model_copy(
+        update={"sandbox": task.spec.sandbox.model_copy(update={"image": "agentrl/nope:x"})}
+    )
+    broken = task.model_copy(update={"spec": spec})
+    traj = episode(broken, tokenizer, ScriptedSampler(["x"], tokenizer))
+    assert traj.stop_reason == StopReason.sandbox_error and not traj.trainable
+    assert "not found" in (traj.error or "") and traj.num_sampled == 0
+
+
+def test_a_crashing_grader_is_an_eval_error(task: Task, tokenizer) -> None:
+    grader = task.spec.grader.model_copy(update={"reward_file": "/nonexistent/reward.txt"})
+    broken = task.model_copy(update={"spec": task.spec.model_copy(update={"grader": grader})})
+    sampler = ScriptedSampler(load_script(DATA / "oracle.yaml"), tokenizer)
+    traj = episode(broken, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.eval_error and traj.reward is None
+    assert traj.num_sampled == 0 and traj.error
+
+
+def test_context_limit_ends_the_episode(task: Task, tokenizer) -> None:
+    limits = task.spec.limits.model_copy(update={"context_length": 600, "max_new_tokens": 500})
+    small = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    sampler = ScriptedSampler(["<tool_call>" + "x" * 4000], tokenizer)
+    traj = episode(small, tokenizer, sampler)
+    assert traj.stop_reason in (StopReason.context_limit, StopReason.sampler_length)
+    assert len(traj.prompt_ids) + len(traj.response_ids) <= 600 + 2
+
+
+def test_embedded_model_episode_is_a_valid_exact_trajectory(task: Task, tokenizer) -> None:
+    from agentrl.inference.local import LocalSampler
+
+    limits = task.spec.limits.model_copy(update={"max_turns": 2, "max_new_tokens": 48})
+    small = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    sampler = LocalSampler.embedded()
+    try:
+        traj = episode(small, tokenizer, sampler)
+    finally:
+        asyncio.run(sampler.close())
+    assert traj.trainable and traj.num_sampled > 0
+    assert all(lp <= 0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m)
+    assert {v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if m} == {0}
+    assert traj.prompt_ids + traj.response_ids == conversation_ids(small, traj, tokenizer)
+
+
+def test_agentrl_run_writes_trajectories_and_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [
+            sys.executable, "-m", "agentrl.cli", "run", str(DATA / "echo_task.yaml"),
+            "--policy", f"scripted:{DATA / 'oracle.yaml'}", "-n", "2", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    trajs = list(TrajectoryStore(out / "trajectories.jsonl").read())
+    assert len(trajs) == 4 and {t.group_id for t in trajs} == {"greet", "farewell"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reward_mean"] == 1.0 and summary["stop_reasons"] == {"finished": 4}
+    assert summary["tool_calls"] == 8 and summary["tool_errors"] == 0
+    assert "reward_mean" in res.stdout
+
+
+def test_no_container_is_left_behind() -> None:
+    client = docker_client()
+    try:
+        left = client.containers.list(all=True, filters={"label": f"agentrl.run={RUN_ID}"})
+    finally:
+        client.close()
+    assert left == []

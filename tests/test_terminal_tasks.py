@@ -1,0 +1,394 @@
+"""Terminal tasks, graders and the INIT/EVAL runtime, against the real Docker engine.
+
+Every folder in tasks/terminal/ is loaded as it is and played twice: its reference
+solution must earn 1.0 and doing nothing 0.0, and the sandbox the agent would see
+holds no tests and no solution. Every test labels its containers with a fresh run id;
+the `run_id` fixture asserts that none is left afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.errors import GraderError, SandboxError
+from agentrl.sandbox.base import ExecRequest, Sandbox
+from agentrl.sandbox.docker import DockerProvider, remove_run
+from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
+from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.graders import Grade, fill, grade, parse_pytest_log, parse_reward
+from agentrl.tasks.spec import Instance, Task, TaskSpec
+from agentrl.tasks.terminal import detect_format, load_terminal_task, oracle_script, run_oracle
+
+REPO = Path(__file__).resolve().parents[1]
+TERMINAL = REPO / "tasks" / "terminal"
+TASKS = sorted(p for p in TERMINAL.iterdir() if p.is_dir())
+# What the agent must never find in its sandbox after INIT.
+HIDDEN = "/tests /solution /oracle /logs/verifier"
+HIDDEN_NAMES = "-name test_outputs.py -o -name run-tests.sh -o -name solution.sh -o -name solve.sh"
+
+
+def _containers(run_id: str) -> list[str]:
+    client = docker_client()
+    try:
+        found = client.api.containers(all=True, filters={"label": f"agentrl.run={run_id}"})
+        return [c["Id"] for c in found]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    run = f"test-tasks-{uuid.uuid4().hex[:8]}"
+    yield run
+    left = _containers(run)
+    if left:  # clean up before failing, so one failure leaks nothing
+        client = docker_client()
+        remove_run(client, run)
+        client.close()
+    assert left == []
+
+
+def make_task(base: Path, grader: dict[str, Any], **sandbox: Any) -> Task:
+    spec = TaskSpec.model_validate(
+        {
+            "name": "unit",
+            "instances": [],
+            "prompt": {"system": "s", "instance": "i"},
+            "sandbox": sandbox,
+            "grader": grader,
+        }
+    )
+    instance = Instance(id="unit-1", fields={"FAIL_TO_PASS": "[]", "word": "hello"})
+    return Task(
+        spec=spec, path=str(base / "task.yaml"), base_dir=str(base), instances=[instance], hash="0"
+    )
+
+
+# ---------------------------------------------------------------- shipped tasks
+
+
+def test_at_least_eight_tasks_in_both_formats() -> None:
+    kinds = [detect_format(folder) for folder in TASKS]
+    assert len(TASKS) >= 8
+    assert kinds.count("terminal-bench") >= 5 and kinds.count("harbor") >= 3
+
+
+@pytest.mark.parametrize("folder", TASKS, ids=lambda p: p.name)
+def test_task_loads(folder: Path) -> None:
+    task = load_terminal_task(folder)
+    assert task.spec.name == folder.name and len(task.instances) == 1
+    assert task.instances[0].fields["instruction"].strip()
+    assert task.spec.sandbox.recipe is not None and task.spec.sandbox.workdir.startswith("/app")
+    assert "/tests" in task.spec.grader.files and not task.spec.sandbox.files
+    assert oracle_script(folder).is_file()
+    assert (
+        "FROM agentrl/base:bookworm"
+        in (Path(task.base_dir) / task.spec.sandbox.recipe / "Dockerfile").read_text()
+    )
+
+
+@pytest.mark.parametrize("folder", TASKS, ids=lambda p: p.name)
+def test_oracle_earns_one_and_doing_nothing_zero(folder: Path, run_id: str) -> None:
+    task = load_terminal_task(folder)
+    instance = task.instances[0]
+
+    async def episode(env: TaskEnv, oracle: bool) -> Grade:
+        sandbox = await env.init(instance, f"{task.spec.name}-{'oracle' if oracle else 'noop'}")
+        try:
+            await _assert_nothing_hidden_is_visible(sandbox)
+            if oracle:
+                done = await run_oracle(task, sandbox, timeout=120)
+                assert done.exit_code == 0, done.output
+            return await env.evaluate(sandbox, instance)
+        finally:
+            await sandbox.close()
+
+    async def both() -> list[Grade]:
+        env = TaskEnv(task, DockerProvider(reap_at_start=False), run_id)
+        await env.image()  # build (or find) the image once, before two sandboxes race
+        return await asyncio.gather(episode(env, True), episode(env, False))
+
+    started = time.monotonic()
+    oracle, noop = asyncio.run(both())
+    print(f"{folder.name}: oracle + no-op in {time.monotonic() - started:.1f} s")
+    assert oracle.reward == 1.0, oracle.output
+    assert noop.reward == 0.0, noop.output
+    # doing nothing fails the tests; it does not just fail to run them
+    assert re.search(r"\d+ (failed|errors?)", noop.output), noop.output
+
+
+async def _assert_nothing_hidden_is_visible(sandbox: Sandbox) -> None:
+    listed = await sandbox.exec(ExecRequest(command=f"ls -d {HIDDEN} 2>/dev/null; true"))
+    assert listed.output == ""
+    found = await sandbox.exec(
+        ExecRequest(command=f"find / -xdev \\( {HIDDEN_NAMES} \\) -print 2>/dev/null; true")
+    )
+    assert found.output == ""
+
+
+# ---------------------------------------------------------------- graders, no sandbox
+
+PYTEST_LOG = textwrap.dedent(
+    """\
+    ============================= test session starts ==============================
+    collected 7 items
+
+    t.py ..F.sEx                                                             [100%]
+
+    =================================== FAILURES ===================================
+    FAILED but this line is captured output, not the summary
+    =========================== short test summary info ============================
+    PASSED t.py::test_plain
+    PASSED t.py::test_ids[a b]
+    FAILED t.py::test_ids[x - y] - AssertionError: assert 1 == 2
+    PASSED t.py::TestK::test_m[[nested]-1]
+    SKIPPED [1] t.py:30: no reason
+    ERROR t.py::test_setup - RuntimeError: fixture broke
+    XFAIL t.py::test_known - flaky upstream
+    ============= 1 failed, 3 passed, 1 skipped, 1 xfailed, 1 error in 0.12s =============
+    """
+)
+
+
+def test_pytest_log_parsing_with_odd_ids() -> None:
+    wanted = ["t.py::test_plain", "t.py::test_ids[x - y]", "t.py::TestK::test_m[[nested]-1]"]
+    statuses = parse_pytest_log(PYTEST_LOG, wanted)
+    assert statuses == {
+        "t.py::test_plain": "PASSED",
+        "t.py::test_ids[a b]": "PASSED",
+        "t.py::test_ids[x - y]": "FAILED",
+        "t.py::TestK::test_m[[nested]-1]": "PASSED",
+        "[1]": "SKIPPED",
+        "t.py::test_setup": "ERROR",
+        "t.py::test_known": "XFAIL",
+    }
+    # without the wanted ids, a bracketed id still ends at its bracket
+    assert parse_pytest_log(PYTEST_LOG)["t.py::test_ids[x - y]"] == "FAILED"
+    assert parse_pytest_log("no summary here\nPASSED t.py::test_plain\n") == {}
+
+
+def test_reward_file_parsing() -> None:
+    assert parse_reward("0.75\n", "r") == (0.75, {})
+    assert parse_reward('{"reward": 1, "accuracy": 0.5}', "r") == (1.0, {"accuracy": 0.5})
+    for bad in ("", "high", "nan", '{"score": 1}', '{"reward": true}'):
+        with pytest.raises(GraderError, match="reward"):
+            parse_reward(bad, "/logs/verifier/reward.txt")
+
+
+def test_placeholders_fill_fields_and_leave_other_braces() -> None:
+    instance = Instance(id="i-7", fields={"word": "hi", "n": 3})
+    assert (
+        fill("{id} {word} {n} ${HOME} {other} {a,b}", instance) == "i-7 hi 3 ${HOME} {other} {a,b}"
+    )
+
+
+# ---------------------------------------------------------------- graders in a sandbox
+
+TESTS_PY = """
+import pytest
+
+def test_ok():
+    pass
+
+@pytest.mark.parametrize("v", ["a b", "x - y", "[z]"])
+def test_param(v):
+    assert v != "x - y"
+
+def test_bad():
+    assert False
+"""
+
+
+def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
+    (tmp_path / "mygrader.py").write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+
+            def crash(sandbox, instance):
+                raise KeyError("boom")
+
+            async def slow(sandbox, instance):
+                await asyncio.sleep(30)
+
+            async def good(sandbox, instance):
+                return {"reward": 0.5, "output": "half", "note": instance.id}
+
+            def wrong(sandbox, instance):
+                return "yes"
+            """
+        )
+    )
+    ids_ok = ["t_test.py::test_ok", "t_test.py::test_param[a b]", "t_test.py::test_param[[z]]"]
+    ids_bad = ["t_test.py::test_param[x - y]", "t_test.py::test_bad"]
+
+    def task(**grader: Any) -> Task:
+        return make_task(tmp_path, grader)
+
+    async def go(sandbox: Sandbox) -> None:
+        await sandbox.write_file("t_test.py", TESTS_PY.encode())
+        instance = Instance(id="i", fields={"F2P": '["t_test.py::test_ok"]', "P2P": ids_ok[1:]})
+
+        passing = task(type="pytest", fail_to_pass="F2P", pass_to_pass="P2P")
+        result = await grade(passing, instance, sandbox)
+        assert result.reward == 1.0, result.output
+        assert result.components["tests"] == dict.fromkeys(ids_ok, "PASSED")
+
+        failing = task(type="pytest", fail_to_pass=ids_bad, pass_to_pass=[])
+        result = await grade(failing, instance, sandbox)
+        assert result.reward == 0.0
+        assert result.components["tests"] == {
+            "t_test.py::test_param[x - y]": "FAILED",
+            "t_test.py::test_bad": "FAILED",
+        }
+        # a listed test that does not exist: pytest runs nothing, and that is no pass
+        gone = task(type="pytest", fail_to_pass=["t_test.py::test_gone"], pass_to_pass=ids_ok)
+        result = await grade(gone, instance, sandbox)
+        assert result.reward == 0.0
+        assert result.components["tests"]["t_test.py::test_gone"] == "MISSING"
+
+        exit_code = task(type="command", command="test {id} = i && grep -q ok t_test.py")
+        assert (await grade(exit_code, instance, sandbox)).reward == 1.0
+        assert (await grade(task(type="command", command="exit 1"), instance, sandbox)).reward == 0
+
+        reward_file = "/logs/verifier/reward.txt"
+        await sandbox.write_file(reward_file, b"1.0")  # planted by the "agent": must not count
+        writes = task(
+            type="command",
+            command="echo 0.25 > /logs/verifier/reward.txt; exit 3",
+            reward_file=reward_file,
+        )
+        result = await grade(writes, instance, sandbox)
+        assert (result.reward, result.components) == (0.25, {"exit_code": 3})
+        silent = task(type="command", command="echo hi", reward_file=reward_file)
+        with pytest.raises(GraderError, match="wrote no reward file"):
+            await grade(silent, instance, sandbox)
+        garbage = task(
+            type="command", command=f"echo lots > {reward_file}", reward_file=reward_file
+        )
+        with pytest.raises(GraderError, match="expected a number"):
+            await grade(garbage, instance, sandbox)
+        hangs = task(type="command", command="sleep 30", timeout=1)
+        with pytest.raises(GraderError, match="timed out"):
+            await grade(hangs, instance, sandbox)
+
+        with pytest.raises(GraderError, match="crashed: KeyError"):
+            await grade(task(type="python", function="mygrader:crash"), instance, sandbox)
+        with pytest.raises(GraderError, match="timed out"):
+            await grade(
+                task(type="python", function="mygrader:slow", timeout=0.5), instance, sandbox
+            )
+        with pytest.raises(GraderError, match="returned str"):
+            await grade(task(type="python", function="mygrader:wrong"), instance, sandbox)
+        result = await grade(task(type="python", function="mygrader:good"), instance, sandbox)
+        assert (result.reward, result.components, result.output) == (0.5, {"note": "i"}, "half")
+
+    _with_sandbox(run_id, go)
+
+
+def _with_sandbox(run_id: str, body: Any) -> None:
+    async def go() -> None:
+        env = TaskEnv(
+            make_task(Path(), {"type": "command", "command": "true"}),
+            DockerProvider(reap_at_start=False),
+            run_id,
+        )
+        sandbox = await env.init(Instance(id="x"), "graders")
+        try:
+            await body(sandbox)
+        finally:
+            await sandbox.close()
+
+    asyncio.run(go())
+
+
+# ---------------------------------------------------------------- env: INIT and EVAL
+
+
+def test_init_copies_files_and_eval_alone_sees_the_grader_files(
+    tmp_path: Path, run_id: str
+) -> None:
+    data = tmp_path / "data"
+    (data / "sub" / "empty").mkdir(parents=True)
+    (data / "blob.bin").write_bytes(bytes(range(256)))
+    (data / "sub" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (data / "sub" / "run.sh").chmod(0o755)
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "check.sh").write_text("test ! -e /grader/planted && test -x data/sub/run.sh\n")
+    (tmp_path / "one.txt").write_text("{word}\n")
+    task = make_task(
+        tmp_path,
+        {"type": "command", "command": "bash /grader/check.sh", "files": {"/grader": "hidden"}},
+        files={"data": "data", "/etc/one.txt": "one.txt"},
+        setup=["data/sub/run.sh > ran.txt", "echo {word} >> ran.txt"],
+        env={"GREETING": "hey"},
+        workdir="/work",
+    )
+
+    async def go() -> None:
+        env = TaskEnv(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "files")
+        try:
+            assert await sandbox.read_file("/work/data/blob.bin") == bytes(range(256))
+            assert (await sandbox.read_file("ran.txt")) == b"ran\nhello\n"
+            assert (await sandbox.read_file("/etc/one.txt")) == b"{word}\n"
+            shown = await sandbox.exec(
+                ExecRequest(command="test -d data/sub/empty; echo $? $GREETING")
+            )
+            assert shown.output == "0 hey\n"
+            assert (await sandbox.exec(ExecRequest(command="test -e /grader"))).exit_code == 1
+            await sandbox.write_file("/grader/planted", b"the agent put this here")
+            result = await env.evaluate(sandbox, task.instances[0])
+            assert result.reward == 1.0, result.output
+        finally:
+            await sandbox.close()
+
+    asyncio.run(go())
+
+
+def test_setup_failure_closes_the_sandbox_and_says_why_in_one_line(
+    tmp_path: Path, run_id: str
+) -> None:
+    task = make_task(
+        tmp_path,
+        {"type": "command", "command": "true"},
+        setup=["true", "echo preparing; echo 'no such thing' >&2; exit 3"],
+    )
+
+    async def go() -> None:
+        env = TaskEnv(task, DockerProvider(reap_at_start=False), run_id)
+        with pytest.raises(SandboxError) as caught:
+            await env.init(task.instances[0], "setup")
+        message = str(caught.value)
+        assert "\n" not in message
+        assert "exit 3" in message and "exited 3" in message and "no such thing" in message
+
+    asyncio.run(go())
+    assert _containers(run_id) == []
+
+
+def test_build_recipe_builds_once_per_hash(tmp_path: Path) -> None:
+    folder = tmp_path / "My Recipe"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM agentrl/base:bookworm\nCOPY hello.txt /hello.txt\n")
+    (folder / "hello.txt").write_text("hello\n")
+    tag = f"agentrl/task-my-recipe:{folder_hash(folder)}"
+    try:
+        first = build_recipe(folder)
+        again = build_recipe(folder)
+        assert (first.tag, first.method) == (tag, "dockerfile")
+        assert (again.built, again.id) == (False, first.id)
+    finally:
+        client = docker_client()
+        client.images.remove(tag, force=True)
+        client.close()

@@ -17,10 +17,11 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from agentrl import __version__
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigError
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -54,6 +55,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from agentrl.sandbox import provider
 
     task = load_any_task(args.task)
+    overrides = {
+        k: v
+        for k, v in (("max_turns", args.max_turns), ("max_new_tokens", args.max_new_tokens))
+        if v
+    }
+    if overrides:  # validated like the file itself: impossible limits are refused
+        try:
+            limits = type(task.spec.limits).model_validate(
+                {**task.spec.limits.model_dump(), **overrides}
+            )
+        except ValidationError as e:
+            raise ConfigError(f"limits: {e.errors()[0]['msg']}") from e
+        task = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
     tokenizer = load_tokenizer()
     sampler = make_policy(args.policy, tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -131,6 +145,28 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentrl.inference.embedded import EMBEDDED_NAME, load_tokenizer
+    from agentrl.inference.local import LocalSampler
+    from agentrl.inference.serve import serve
+
+    with console.status(f"loading {EMBEDDED_NAME}..."):
+        sampler = LocalSampler.embedded()
+        tokenizer = load_tokenizer()
+    server, url = serve(sampler, tokenizer, port=args.port)
+    console.print(f"serving {EMBEDDED_NAME} at {url}", markup=False)
+    console.print(f"use it with: agentrl run TASK --policy openai:{url}   (Ctrl-C stops)")
+    try:
+        while True:  # Ctrl-C, or SIGTERM via _terminate, ends the wait
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        server.close()
+        asyncio.run(sampler.close())
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from agentrl.tasks.load import TaskError, is_task_path, load_task
     from agentrl.trajectory import TrajectoryStore
@@ -194,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
     r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
     r.add_argument("--concurrency", type=int, default=4, help="episodes at once")
+    r.add_argument("--max-turns", type=int, help="override the task's limits.max_turns")
+    r.add_argument("--max-new-tokens", type=int, help="override limits.max_new_tokens")
     r.set_defaults(func=_cmd_run)
 
     g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")
@@ -209,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=0.7)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_sample)
+
+    sv = sub.add_parser(
+        "serve", help="serve the embedded model over an OpenAI-compatible API on 127.0.0.1"
+    )
+    sv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    sv.set_defaults(func=_cmd_serve)
 
     v = sub.add_parser(
         "validate", help="validate task files (YAML, task folders) and trajectory files (JSONL)"

@@ -79,3 +79,12 @@ def test_sample_prints_one_reply_from_the_embedded_model():
     assert "SmolLM2-135M-Instruct:" in res.stdout
     assert "policy_version=0" in res.stdout
     assert "12 tokens" in res.stdout or "finish_reason=stop" in res.stdout
+
+
+def test_run_limit_overrides_are_validated_like_the_file() -> None:
+    task = "tests/data/agent/echo_task.yaml"
+    res = _run("run", task, "--max-new-tokens", "5000", "--policy", "scripted:none.yaml")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "error: limits: Value error, max_new_tokens (5000) must be below context_length" in (
+        res.stderr
+    )

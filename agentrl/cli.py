@@ -173,7 +173,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     bad = 0
     for path in args.files:
-        if path.suffix == ".jsonl":
+        if path.suffix in (".json", ".jsonl") and _is_swe_bench(path):
+            from agentrl.tasks.swe_bench import load_swe_bench
+
+            try:
+                rows = load_swe_bench(path)
+            except AgentRLError as e:
+                err_console.print(str(e), markup=False)
+                bad += 1
+            else:
+                console.print(f"{path}: ok ({len(rows.instances)} SWE-bench instances)")
+        elif path.suffix == ".jsonl":
             try:
                 count = sum(1 for _ in TrajectoryStore(path).read())
             except AgentRLError as e:
@@ -197,6 +207,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             err_console.print(f"{path}: neither {what}", markup=False)
             bad += 1
     return 1 if bad else 0
+
+
+def _is_swe_bench(path: Path) -> bool:
+    """SWE-bench rows carry `instance_id`; trajectories carry `trajectory_id`."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return '"instance_id"' in head and '"trajectory_id"' not in head
 
 
 def build_parser() -> argparse.ArgumentParser:

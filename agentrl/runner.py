@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentrl.agent import run_episode
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
+from agentrl.registry import resolve
 from agentrl.tasks.spec import Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
@@ -80,7 +81,8 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
 
 
 def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
-    """`local`, `scripted:FILE` (or `openai:URL` once the HTTP sampler lands)."""
+    """`local` (the embedded model), `scripted:FILE`, or `openai:URL` (a vLLM-compatible
+    server; `http://host:port` or `.../v1`, e.g. what `agentrl serve` prints)."""
     kind, _, arg = spec.partition(":")
     if kind == "local":
         from agentrl.inference.local import LocalSampler
@@ -90,18 +92,27 @@ def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
         from agentrl.inference.scripted import ScriptedSampler, load_script
 
         return ScriptedSampler(load_script(arg), tokenizer)
+    if kind == "openai" and arg:
+        from agentrl.inference.openai import OpenAISampler
+
+        return OpenAISampler(arg)
     raise ConfigError(
-        f"unknown policy {spec!r}", fix="use --policy local or --policy scripted:FILE"
+        f"unknown policy {spec!r}",
+        fix="use --policy local, --policy scripted:FILE or --policy openai:http://HOST:PORT",
     )
 
 
 def load_any_task(path: str | Path) -> Task:
-    """A YAML task file, or a Terminal-Bench / Harbor task folder."""
+    """A YAML task file, a Terminal-Bench / Harbor task folder, or SWE-bench rows (.json/.jsonl)."""
     path = Path(path)
     if path.is_dir():
         from agentrl.tasks.terminal import load_terminal_task
 
         return load_terminal_task(path)
+    if path.suffix in (".json", ".jsonl"):
+        from agentrl.tasks.swe_bench import load_swe_bench
+
+        return load_swe_bench(path)
     from agentrl.tasks.load import load_task
 
     return load_task(path)
@@ -118,12 +129,15 @@ async def run_task(
     concurrency: int = 4,
     show_progress: bool = True,
 ) -> RunSummary:
-    from agentrl.tasks.env import TaskEnv
-
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out_dir / "trajectories.jsonl")
-    env = TaskEnv(task, provider, run_id)
+    from agentrl.tasks.env import TaskEnv
+
+    env_class = resolve({}, task.env, "task runtime")
+    if not (isinstance(env_class, type) and issubclass(env_class, TaskEnv)):
+        raise ConfigError(f"task runtime {task.env!r} is not a TaskEnv")
+    env = env_class(task, provider, run_id)
     slots = asyncio.Semaphore(concurrency)
     done: list[Trajectory] = []
     jobs = [(inst, k) for inst in task.instances for k in range(samples)]

@@ -180,3 +180,7 @@ class Task(_Model):
     base_dir: str = Field(description="relative paths in the spec resolve against this")
     instances: list[Instance]
     hash: str = Field(description="sha256 of the task's files, for the trajectory's env record")
+    env: str = Field(
+        default="agentrl.tasks.env:TaskEnv",
+        description="module:Class of the INIT/EVAL runtime (SWE-bench gives each instance its image)",
+    )

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatSession
-from agentrl.errors import AgentRLError, GraderError
+from agentrl.errors import AgentRLError, GraderError, SamplerError
 from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.tasks.spec import Instance, Task
 from agentrl.toolcall import FORMAT_HINT, ToolCallError, parse_tool_call
 from agentrl.tools.base import Observation, Tool, schema, tool_class
-from agentrl.trajectory import EnvInfo, StopReason, Trajectory, Turn
+from agentrl.trajectory import INFRA_STOP_REASONS, EnvInfo, StopReason, Trajectory, Turn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -110,12 +110,14 @@ async def run_episode(
             reward, components = grade.reward, grade.components
         except GraderError as e:
             stop, error = StopReason.eval_error, str(e)
+    except SamplerError as e:  # the sampler failed: infrastructure, not the agent
+        stop, error = StopReason.aborted, str(e)
     except AgentRLError as e:  # sandbox died, setup failed, image missing
         stop, error = StopReason.sandbox_error, str(e)
     finally:
         await asyncio.shield(_close(tools, sandbox))
     ledger.sync(chat)
-    infra = stop in (StopReason.sandbox_error, StopReason.eval_error, StopReason.aborted)
+    infra = stop in INFRA_STOP_REASONS
     return Trajectory(
         trajectory_id=trajectory_id,
         group_id=instance.id,

@@ -125,6 +125,18 @@ def test_a_crashing_grader_is_an_eval_error(task: Task, tokenizer) -> None:
     assert traj.num_sampled == 0 and traj.error
 
 
+def test_a_failing_sampler_is_an_aborted_episode_not_an_agent_failure(
+    task: Task, tokenizer
+) -> None:
+    from agentrl.inference.local import LocalSampler
+
+    sampler = LocalSampler.embedded()
+    asyncio.run(sampler.close())  # a real sampler that now refuses every request
+    traj = episode(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert "closed" in (traj.error or "") and traj.reward is None and traj.num_sampled == 0
+
+
 def test_context_limit_ends_the_episode(task: Task, tokenizer) -> None:
     limits = task.spec.limits.model_copy(update={"context_length": 600, "max_new_tokens": 500})
     small = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})

@@ -245,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a task's instances with a policy; trajectories + summary")
     r.add_argument("task", help="a task YAML file, or a Terminal-Bench / Harbor task folder")
-    r.add_argument("--policy", default="local", help="local (the embedded model), openai:URL or scripted:FILE")
+    r.add_argument(
+        "--policy", default="local", help="local (the embedded model), openai:URL or scripted:FILE"
+    )
     r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
     r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")

@@ -67,6 +67,34 @@ def build_tools(task: Task) -> dict[str, Tool]:
     return tools
 
 
+def _open_chat(
+    task: Task, instance: Instance, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase
+) -> ChatSession:
+    messages = [
+        {"role": "system", "content": instance.render(task.spec.prompt.system)},
+        {"role": "user", "content": instance.render(task.spec.prompt.instance)},
+    ]
+    return ChatSession(tokenizer, messages, tools=[schema(t) for t in tools.values()])
+
+
+def conversation(task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase) -> ChatSession:
+    """Replay an episode's conversation from its turn records (sampled ids verbatim,
+    observations as recorded) through the chat template: what the model saw, as messages."""
+    instance = next(i for i in task.instances if i.id == traj.group_id)
+    chat = _open_chat(task, instance, build_tools(task), tokenizer)
+    for turn in traj.turns:
+        sampled = traj.response_ids[turn.span[0] : turn.span[1]]
+        ended = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
+        chat.add_sampled(sampled, "stop" if ended else "length")
+        if len(chat.response_ids) == len(traj.response_ids):
+            break  # nothing followed this turn (finish, or a timeout during its tool call)
+        if not ended:  # a turn cut off by a length limit ends the episode
+            chat.close_turn()
+            break
+        chat.add_messages([{"role": "tool", "content": turn.observation}])
+    return chat
+
+
 async def run_episode(
     task: Task,
     instance: Instance,
@@ -80,14 +108,7 @@ async def run_episode(
     """One episode of `task` on `instance`; always returns a validated Trajectory."""
     trajectory_id = f"{instance.id}_{sample}"
     tools = build_tools(task)
-    chat = ChatSession(
-        tokenizer,
-        [
-            {"role": "system", "content": instance.render(task.spec.prompt.system)},
-            {"role": "user", "content": instance.render(task.spec.prompt.instance)},
-        ],
-        tools=[schema(t) for t in tools.values()],
-    )
+    chat = _open_chat(task, instance, tools, tokenizer)
     ledger = _Ledger()
     reward: float | None = None
     components: dict[str, Any] = {}

@@ -94,7 +94,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         table.add_row(key, shown)
     console.print(table)
+    _print_first_conversation(out / "conversations.jsonl")
+    console.print(
+        f"trajectories: {out / 'trajectories.jsonl'}  conversations: {out / 'conversations.jsonl'}"
+    )
     return 0
+
+
+def _print_first_conversation(path: Path, chars: int = 400) -> None:
+    import json
+
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    if not lines:
+        return
+    first = json.loads(lines[0])
+    console.rule(f"conversation {first['trajectory_id']}")
+    for message in first["messages"]:
+        text = message["content"]
+        text = text if len(text) <= chars else text[: chars // 2] + " [...] " + text[-chars // 2 :]
+        console.print(f"[bold]{message['role']}[/bold]: ", end="")
+        console.print(text, markup=False, highlight=False)
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:

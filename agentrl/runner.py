@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.agent import run_episode
+from agentrl.agent import conversation, run_episode
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.registry import resolve
@@ -132,6 +132,7 @@ async def run_task(
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out_dir / "trajectories.jsonl")
+    conversations = out_dir / "conversations.jsonl"
     from agentrl.tasks.env import TaskEnv
 
     env_class = resolve({}, task.env, "task runtime")
@@ -156,6 +157,10 @@ async def run_task(
             async with slots:
                 traj = await run_episode(task, instance, k, sampler, tokenizer, env)
             store.append(traj)
+            with conversations.open("a", encoding="utf-8") as f:  # what the model saw, readable
+                messages = conversation(task, traj, tokenizer).messages
+                f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
+                f.write("\n")
             done.append(traj)
             mean = statistics.fmean([t.reward or 0.0 for t in done])
             progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")

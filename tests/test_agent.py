@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.agent import run_episode
-from agentrl.chat import ChatSession
+from agentrl.agent import conversation, run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.docker import DockerProvider
@@ -25,7 +24,6 @@ from agentrl.sandbox.images import docker_client
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
-from agentrl.tools.base import schema
 from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
@@ -52,27 +50,8 @@ def episode(task: Task, tokenizer, sampler, instance: int = 0) -> Trajectory:
 
 
 def conversation_ids(task: Task, traj: Trajectory, tokenizer) -> list[int]:
-    """Rebuild the ids from the turn records alone, through the chat template."""
-    from agentrl.agent import build_tools
-
-    instance = next(i for i in task.instances if i.id == traj.group_id)
-    messages = [
-        {"role": "system", "content": instance.render(task.spec.prompt.system)},
-        {"role": "user", "content": instance.render(task.spec.prompt.instance)},
-    ]
-    tools = [schema(t) for t in build_tools(task).values()]
-    chat = ChatSession(tokenizer, messages, tools=tools)
-    eos = tokenizer.eos_token_id
-    for turn in traj.turns:
-        sampled = traj.response_ids[turn.span[0] : turn.span[1]]
-        chat.add_sampled(sampled, "stop" if sampled[-1] == eos else "length")
-        if turn is traj.turns[-1] and traj.stop_reason == StopReason.finished:
-            break
-        if sampled[-1] != eos:  # a turn cut off by a length limit ends the episode
-            chat.close_turn()
-            break
-        chat.add_messages([{"role": "tool", "content": turn.observation}])
-    return chat.ids
+    """The ids rebuilt from the turn records alone, through the chat template."""
+    return conversation(task, traj, tokenizer).ids
 
 
 def test_oracle_script_earns_one_and_the_ledger_is_exact(task: Task, tokenizer) -> None:
@@ -178,6 +157,35 @@ def test_agentrl_run_writes_trajectories_and_a_summary(tmp_path: Path) -> None:
     assert summary["reward_mean"] == 1.0 and summary["stop_reasons"] == {"finished": 4}
     assert summary["tool_calls"] == 8 and summary["tool_errors"] == 0
     assert "reward_mean" in res.stdout
+
+
+def test_embedded_model_run_decodes_to_exactly_the_conversation_it_reports(
+    tmp_path: Path, tokenizer
+) -> None:
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [
+            sys.executable, "-m", "agentrl.cli", "run", str(DATA / "echo_task.yaml"),
+            "--policy", "local", "-n", "1", "--max-turns", "2", "--max-new-tokens", "40",
+            "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    trajs = {t.trajectory_id: t for t in TrajectoryStore(out / "trajectories.jsonl").read()}
+    shown = [json.loads(line) for line in (out / "conversations.jsonl").read_text().splitlines()]
+    assert {c["trajectory_id"] for c in shown} == set(trajs) and len(trajs) == 2
+    for convo in shown:
+        traj = trajs[convo["trajectory_id"]]
+        assert traj.trainable and traj.num_sampled > 0
+        messages = convo["messages"]
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=messages[-1]["role"] != "assistant"
+        )
+        decoded = tokenizer.decode(traj.prompt_ids + traj.response_ids)
+        # The one allowed difference: the template's newline after a final <|im_end|> that
+        # the model sampled (nothing follows it, so it was never appended).
+        assert rendered.startswith(decoded) and rendered[len(decoded) :] in ("", "\n")
 
 
 def test_no_container_is_left_behind() -> None:

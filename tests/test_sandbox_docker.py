@@ -357,8 +357,10 @@ def test_ttl_stops_the_container_by_itself(run_id: str) -> None:
                 await asyncio.sleep(0.2)
             with pytest.raises(SandboxError, match="is gone"):
                 await sb.exec(cmd("echo hi"))
-            # An exited container is garbage whoever owns it.
-            assert reap(client, run_id=run_id) == 1
+            # An exited container is garbage whoever owns it (another process's reaper
+            # may get there first, so check the outcome rather than who removed it).
+            assert reap(client, run_id=run_id) in (0, 1)
+            assert _leftovers(run_id)[0] == []
         finally:
             client.close()
 

@@ -15,8 +15,7 @@ import json
 import re
 import tarfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import pytest
 
 from agentrl.errors import ConfigError, ImageBuildError
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.sandbox.docker import DockerProvider, remove_run
-from agentrl.sandbox.images import ImageInfo, docker_client
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.sandbox.images import ImageInfo
 from agentrl.sandbox.local import LocalProvider
 from agentrl.tasks.graders import Grade, listed_tests
 from agentrl.tasks.spec import Instance, PythonGrader
@@ -209,27 +208,6 @@ def test_the_local_provider_is_refused() -> None:
 
 
 # ---------------------------------------------------------------- Docker
-
-
-def _containers(run_id: str) -> list[str]:
-    client = docker_client()
-    try:
-        found = client.api.containers(all=True, filters={"label": f"agentrl.run={run_id}"})
-        return [c["Id"] for c in found]
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def run_id() -> Iterator[str]:
-    run = f"test-swe-{uuid.uuid4().hex[:8]}"
-    yield run
-    left = _containers(run)
-    if left:  # clean up before failing, so one failure leaks nothing
-        client = docker_client()
-        remove_run(client, run)
-        client.close()
-    assert left == []
 
 
 @pytest.fixture(scope="module")

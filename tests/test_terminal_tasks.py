@@ -12,16 +12,15 @@ import asyncio
 import re
 import textwrap
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import labelled_containers
 
 from agentrl.errors import GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.sandbox.docker import DockerProvider, remove_run
+from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.graders import Grade, fill, grade, parse_pytest_log, parse_reward
@@ -34,27 +33,6 @@ TASKS = sorted(p for p in TERMINAL.iterdir() if p.is_dir())
 # What the agent must never find in its sandbox after INIT.
 HIDDEN = "/tests /solution /oracle /logs/verifier"
 HIDDEN_NAMES = "-name test_outputs.py -o -name run-tests.sh -o -name solution.sh -o -name solve.sh"
-
-
-def _containers(run_id: str) -> list[str]:
-    client = docker_client()
-    try:
-        found = client.api.containers(all=True, filters={"label": f"agentrl.run={run_id}"})
-        return [c["Id"] for c in found]
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def run_id() -> Iterator[str]:
-    run = f"test-tasks-{uuid.uuid4().hex[:8]}"
-    yield run
-    left = _containers(run)
-    if left:  # clean up before failing, so one failure leaks nothing
-        client = docker_client()
-        remove_run(client, run)
-        client.close()
-    assert left == []
 
 
 def make_task(base: Path, grader: dict[str, Any], **sandbox: Any) -> Task:
@@ -374,7 +352,7 @@ def test_setup_failure_closes_the_sandbox_and_says_why_in_one_line(
         assert "exit 3" in message and "exited 3" in message and "no such thing" in message
 
     asyncio.run(go())
-    assert _containers(run_id) == []
+    assert labelled_containers(run_id) == []
 
 
 def test_build_recipe_builds_once_per_hash(tmp_path: Path) -> None:

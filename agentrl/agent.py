@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from agentrl.chat import ChatSession
-from agentrl.errors import AgentRLError, GraderError, SamplerError
+from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.tasks.spec import Instance, Task
 from agentrl.toolcall import FORMAT_HINT, ToolCallError, parse_tool_call
@@ -95,6 +99,149 @@ def conversation(task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBas
     return chat
 
 
+Gate = Callable[[], AbstractAsyncContextManager[object]]
+"""What a trajectory holds while the sampler works for it (a dispatcher's generation slot)."""
+
+
+def no_gate() -> AbstractAsyncContextManager[object]:
+    return contextlib.nullcontext()
+
+
+class Episode:
+    """One episode split into its stages, so a dispatcher can schedule them apart.
+
+    `init` -> `run` -> `evaluate` -> `close`; `result()` is the validated Trajectory. A
+    stage never raises for a failure of the episode: it records the stop reason and
+    error, and later stages then do nothing, so every episode yields exactly one
+    trajectory. Only cancellation propagates.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        instance: Instance,
+        sample: int,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        env: TaskEnv,
+        *,
+        scheduled_step: int = 0,
+    ) -> None:
+        self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
+        self.trajectory_id = f"{instance.id}_{sample}"
+        self.scheduled_step = scheduled_step
+        self.tools = build_tools(task)
+        self.chat = _open_chat(task, instance, self.tools, tokenizer)
+        self.ledger = _Ledger()
+        self.sandbox: Sandbox | None = None
+        self.reward: float | None = None
+        self.components: dict[str, Any] = {}
+        self.stop: StopReason | None = None
+        self.error: str | None = None
+        self.env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
+        self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
+
+    @property
+    def failed(self) -> bool:
+        """Whether an infrastructure failure already ended this episode."""
+        return self.stop in INFRA_STOP_REASONS
+
+    def fail(self, stop: StopReason, error: str) -> None:
+        self.stop, self.error = stop, error
+
+    async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
+        """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
+        start = time.monotonic()
+        try:
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type((SandboxError, TimeoutError)),
+                stop=stop_after_attempt(attempts),
+                wait=wait_exponential(multiplier=0.2, max=2.0),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    self.env_info.init_attempts = attempt.retry_state.attempt_number
+                    async with asyncio.timeout(timeout):
+                        self.sandbox = await self.env.init(self.instance, name=self.trajectory_id)
+            self.env_info.image = await self.env.image()
+        except TimeoutError:
+            self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
+        except AgentRLError as e:  # sandbox died, setup failed, image missing
+            self.fail(StopReason.sandbox_error, str(e))
+        finally:
+            self.seconds["init"] = time.monotonic() - start
+
+    async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:
+        """The ReAct turns; `gate` is held around each generation request."""
+        if self.failed or self.sandbox is None:
+            return
+        limit = self.task.spec.limits.episode_timeout
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(limit if timeout is None else min(limit, timeout)):
+                await _react(self, gate)
+            self.stop = StopReason.max_turns
+        except EpisodeEnd as end:
+            self.stop = end.stop_reason
+        except TimeoutError:
+            self.stop = StopReason.episode_timeout
+        except SamplerError as e:  # the sampler failed: infrastructure, not the agent
+            self.fail(StopReason.aborted, str(e))
+        except AgentRLError as e:
+            self.fail(StopReason.sandbox_error, str(e))
+        finally:
+            self.seconds["run"] = time.monotonic() - start
+
+    async def evaluate(self, *, timeout: float | None = None) -> None:
+        """Grade the sandbox; a crashing or slow grader is an eval_error."""
+        if self.failed or self.sandbox is None:
+            return
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                grade = await self.env.evaluate(self.sandbox, self.instance)
+            self.reward, self.components = grade.reward, grade.components
+        except TimeoutError:
+            self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
+        except GraderError as e:
+            self.fail(StopReason.eval_error, str(e))
+        except AgentRLError as e:
+            self.fail(StopReason.sandbox_error, str(e))
+        finally:
+            self.seconds["eval"] = time.monotonic() - start
+
+    async def close(self) -> None:
+        """Close tools and sandbox (idempotent, shielded from cancellation)."""
+        sandbox, self.sandbox = self.sandbox, None
+        await asyncio.shield(_close(self.tools, sandbox))
+
+    def result(self) -> Trajectory:
+        """The validated trajectory of whatever the stages did."""
+        chat, ledger = self.chat, self.ledger
+        ledger.sync(chat)
+        stop = self.stop or StopReason.aborted
+        infra = stop in INFRA_STOP_REASONS
+        return Trajectory(
+            trajectory_id=self.trajectory_id,
+            group_id=self.instance.id,
+            task=self.task.spec.name,
+            prompt_ids=chat.prompt_ids,
+            response_ids=chat.response_ids,
+            # An infrastructure failure is never trained on as if the agent failed.
+            loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
+            logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
+            token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
+            reward=self.reward,
+            reward_components=self.components,
+            stop_reason=stop,
+            turns=ledger.turns,
+            scheduled_step=self.scheduled_step,
+            env=self.env_info,
+            error=self.error,
+        ).check()
+
+
 async def run_episode(
     task: Task,
     instance: Instance,
@@ -106,68 +253,22 @@ async def run_episode(
     scheduled_step: int = 0,
 ) -> Trajectory:
     """One episode of `task` on `instance`; always returns a validated Trajectory."""
-    trajectory_id = f"{instance.id}_{sample}"
-    tools = build_tools(task)
-    chat = _open_chat(task, instance, tools, tokenizer)
-    ledger = _Ledger()
-    reward: float | None = None
-    components: dict[str, Any] = {}
-    error: str | None = None
-    sandbox: Sandbox | None = None
-    env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
+    episode = Episode(
+        task, instance, sample, sampler, tokenizer, env, scheduled_step=scheduled_step
+    )
     try:
-        sandbox = await env.init(instance, name=trajectory_id)
-        env_info.image = await env.image()
-        try:
-            async with asyncio.timeout(task.spec.limits.episode_timeout):
-                await _react(task, chat, ledger, tools, sampler, sandbox, trajectory_id)
-            stop = StopReason.max_turns
-        except EpisodeEnd as end:
-            stop = end.stop_reason
-        except TimeoutError:
-            stop = StopReason.episode_timeout
-        try:
-            grade = await env.evaluate(sandbox, instance)
-            reward, components = grade.reward, grade.components
-        except GraderError as e:
-            stop, error = StopReason.eval_error, str(e)
-    except SamplerError as e:  # the sampler failed: infrastructure, not the agent
-        stop, error = StopReason.aborted, str(e)
-    except AgentRLError as e:  # sandbox died, setup failed, image missing
-        stop, error = StopReason.sandbox_error, str(e)
+        await episode.init()
+        await episode.run()
+        await episode.evaluate()
     finally:
-        await asyncio.shield(_close(tools, sandbox))
-    ledger.sync(chat)
-    infra = stop in INFRA_STOP_REASONS
-    return Trajectory(
-        trajectory_id=trajectory_id,
-        group_id=instance.id,
-        task=task.spec.name,
-        prompt_ids=chat.prompt_ids,
-        response_ids=chat.response_ids,
-        # An infrastructure failure is never trained on as if the agent failed.
-        loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
-        logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
-        token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
-        reward=reward,
-        reward_components=components,
-        stop_reason=stop,
-        turns=ledger.turns,
-        scheduled_step=scheduled_step,
-        env=env_info,
-        error=error,
-    ).check()
+        await episode.close()
+    return episode.result()
 
 
-async def _react(
-    task: Task,
-    chat: ChatSession,
-    ledger: _Ledger,
-    tools: dict[str, Tool],
-    sampler: Sampler,
-    sandbox: Sandbox,
-    session_id: str,
-) -> None:
+async def _react(episode: Episode, gate: Gate) -> None:
+    task, chat, ledger, sampler = episode.task, episode.chat, episode.ledger, episode.sampler
+    sandbox = episode.sandbox
+    assert sandbox is not None  # run() checks
     limits, sampling = task.spec.limits, task.spec.sampling
     for _ in range(limits.max_turns):
         room = limits.context_length - len(chat)
@@ -178,9 +279,10 @@ async def _react(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
         )
-        start = time.monotonic()
-        completion = await sampler.generate(chat.ids, params, session_id=session_id)
-        gen_seconds = time.monotonic() - start
+        async with gate():
+            start = time.monotonic()
+            completion = await sampler.generate(chat.ids, params, session_id=episode.trajectory_id)
+            gen_seconds = time.monotonic() - start
         begin = len(chat.response_ids)
         text = chat.add_sampled(completion.token_ids, completion.finish_reason)
         ledger.sync(chat, (completion.logprobs, completion.policy_version))
@@ -191,7 +293,7 @@ async def _react(
             raise EpisodeEnd(
                 StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
             )
-        obs = await _act(text, tools, sandbox, turn)
+        obs = await _act(text, episode.tools, sandbox, turn)
         turn.observation = obs.text
         if obs.done:
             raise EpisodeEnd(StopReason.finished)

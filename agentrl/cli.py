@@ -82,6 +82,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 out,
                 samples=args.samples,
                 concurrency=args.concurrency,
+                dispatcher=args.dispatcher,
             )
         finally:
             await sampler.close()
@@ -270,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
     r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
-    r.add_argument("--concurrency", type=int, default=4, help="episodes at once")
+    r.add_argument("--concurrency", type=int, default=4, help="generation slots")
+    r.add_argument("--dispatcher", default="pipeline", help="pipeline (default), batch, or sync")
     r.add_argument("--max-turns", type=int, help="override the task's limits.max_turns")
     r.add_argument("--max-new-tokens", type=int, help="override limits.max_new_tokens")
     r.set_defaults(func=_cmd_run)

@@ -1,26 +1,26 @@
 """`agentrl run`: every instance of a task, N samples each, trajectories to JSONL plus a summary.
 
-Episodes run concurrently (bounded), stream into `trajectories.jsonl` as they finish
-and are summarised in `summary.json`: reward mean and spread, stop reasons, tool
-calls and tool errors, timings. (The pipelined dispatcher of a later issue replaces
-the simple bounded gather used here; the episode code stays the same.)
+Episodes run through a dispatcher chosen by name (default `pipeline`), stream into
+`trajectories.jsonl` as they finish and are summarised in `summary.json`: reward mean
+and spread, stop reasons, tool calls and tool errors, timings.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 import time
 import uuid
 from collections import Counter
+from contextlib import aclosing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.agent import conversation, run_episode
+from agentrl.agent import Episode, conversation
+from agentrl.dispatch import make_dispatcher
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.registry import resolve
@@ -127,6 +127,7 @@ async def run_task(
     *,
     samples: int = 1,
     concurrency: int = 4,
+    dispatcher: str = "pipeline",
     show_progress: bool = True,
 ) -> RunSummary:
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
@@ -139,9 +140,12 @@ async def run_task(
     if not (isinstance(env_class, type) and issubclass(env_class, TaskEnv)):
         raise ConfigError(f"task runtime {task.env!r} is not a TaskEnv")
     env = env_class(task, provider, run_id)
-    slots = asyncio.Semaphore(concurrency)
+    episodes = [
+        Episode(task, inst, k, sampler, tokenizer, env)
+        for inst in task.instances
+        for k in range(samples)
+    ]
     done: list[Trajectory] = []
-    jobs = [(inst, k) for inst in task.instances for k in range(samples)]
     start = time.monotonic()
     with Progress(
         TextColumn(f"[bold]{task.spec.name}[/bold]"),
@@ -151,21 +155,18 @@ async def run_task(
         TextColumn("{task.description}"),
         disable=not show_progress,
     ) as progress:
-        bar = progress.add_task("", total=len(jobs))
-
-        async def one(instance: Any, k: int) -> None:
-            async with slots:
-                traj = await run_episode(task, instance, k, sampler, tokenizer, env)
-            store.append(traj)
-            with conversations.open("a", encoding="utf-8") as f:  # what the model saw, readable
-                messages = conversation(task, traj, tokenizer).messages
-                f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
-                f.write("\n")
-            done.append(traj)
-            mean = statistics.fmean([t.reward or 0.0 for t in done])
-            progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")
-
-        await asyncio.gather(*(one(inst, k) for inst, k in jobs))
+        bar = progress.add_task("", total=len(episodes))
+        stream = make_dispatcher(dispatcher, concurrency=concurrency).run(episodes)
+        async with aclosing(stream):
+            async for traj in stream:
+                store.append(traj)
+                with conversations.open("a", encoding="utf-8") as f:  # what the model saw
+                    messages = conversation(task, traj, tokenizer).messages
+                    f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
+                    f.write("\n")
+                done.append(traj)
+                mean = statistics.fmean([t.reward or 0.0 for t in done])
+                progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")
     summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
     tmp = out_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary.model_dump(), indent=2) + "\n")

@@ -81,6 +81,7 @@ class EnvInfo(_Strict):
     image_digest: str | None = None
     provider: str | None = None
     task_hash: str | None = None
+    init_attempts: int = Field(default=1, ge=1, description="INIT tries (infra errors retried)")
 
 
 class Trajectory(_Strict):

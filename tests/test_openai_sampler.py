@@ -153,7 +153,8 @@ def test_finish_reasons_length_and_stop(url: str, prompt: list[int]) -> None:
 def test_seed_reproducibility(url: str, prompt: list[int]) -> None:
     same = over_http(url, *[(prompt, SamplingParams(max_tokens=8, seed=7))] * 2)
     assert same[0].token_ids == same[1].token_ids
-    assert same[0].logprobs == same[1].logprobs
+    # Equal ids; logprobs equal up to float noise from how the two requests were batched.
+    assert same[0].logprobs == pytest.approx(same[1].logprobs, abs=1e-5)
     others = over_http(url, *[(prompt, SamplingParams(max_tokens=8, seed=s)) for s in (8, 9)])
     assert any(c.token_ids != same[0].token_ids for c in others)
 

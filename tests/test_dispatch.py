@@ -1,0 +1,185 @@
+"""The dispatchers on real Docker sandboxes with the scripted policy and a real tokenizer.
+
+Every submitted episode comes back exactly once; one episode's failure (setup, grader,
+a stage timeout) is its own failed trajectory; cancelling a run leaves no container;
+the pipeline never has more live sandboxes than configured, as the engine counts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.agent import Episode
+from agentrl.dispatch import make_dispatcher
+from agentrl.inference.embedded import load_tokenizer
+from agentrl.inference.scripted import ScriptedSampler, load_script
+from agentrl.sandbox.docker import RUN, DockerProvider
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import Instance, Task
+from agentrl.trajectory import StopReason, Trajectory
+
+pytestmark = [pytest.mark.docker, pytest.mark.model]
+DATA = Path(__file__).parent / "data" / "dispatch"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return load_task(DATA / "probe.yaml")
+
+
+def instance(id: str, **fields: Any) -> Instance:
+    base = {"fail_setup": "no", "crash_grader": "no", "init_s": 0, "tool_s": 0.2}
+    return Instance(id=id, fields={**base, **fields})
+
+
+def live(run_id: str) -> int:
+    client = docker_client()
+    try:
+        return len(client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"}))
+    finally:
+        client.close()
+
+
+def episodes(task: Task, tokenizer: Any, instances: list[Instance], run_id: str) -> list[Episode]:
+    env = TaskEnv(task, DockerProvider(), run_id)
+    sampler = ScriptedSampler(load_script(DATA / "sleeper.yaml"), tokenizer)
+    return [Episode(task, inst, 0, sampler, tokenizer, env) for inst in instances]
+
+
+def dispatch(
+    task: Task, tokenizer: Any, instances: list[Instance], name: str, **options: Any
+) -> tuple[list[Trajectory], Any, str]:
+    run_id = f"test-dispatch-{uuid.uuid4().hex[:8]}"
+    dispatcher = make_dispatcher(name, **options)
+
+    async def main() -> list[Trajectory]:
+        eps = episodes(task, tokenizer, instances, run_id)
+        async with aclosing(dispatcher.run(eps)) as stream:
+            return [traj async for traj in stream]
+
+    trajs = asyncio.run(main())
+    assert live(run_id) == 0
+    return trajs, dispatcher.metrics, run_id
+
+
+@pytest.mark.parametrize("name", ["batch", "pipeline", "sync"])
+def test_every_episode_comes_back_exactly_once(task: Task, tokenizer: Any, name: str) -> None:
+    instances = [instance(f"i{k}", tool_s=0.1 * k) for k in range(5)]
+    trajs, metrics, _ = dispatch(task, tokenizer, instances, name, concurrency=2)
+    assert Counter(t.trajectory_id for t in trajs) == {f"i{k}_0": 1 for k in range(5)}
+    assert {(t.stop_reason, t.reward) for t in trajs} == {(StopReason.finished, 1.0)}
+    assert metrics.episodes == 5 and metrics.peaks["generating"] <= 2
+    assert 0 < metrics.utilisation_mean <= 1 and len(metrics.timings) == 5
+    assert metrics.model_dump_json()
+
+
+@pytest.mark.parametrize("name", ["batch", "pipeline", "sync"])
+def test_one_crashing_episode_never_takes_the_others_down(
+    task: Task, tokenizer: Any, name: str
+) -> None:
+    instances = [
+        instance("ok0"),
+        instance("badsetup", fail_setup="yes"),
+        instance("crash", crash_grader="yes"),
+        instance("ok1"),
+    ]
+    trajs, _, _ = dispatch(task, tokenizer, instances, name, concurrency=2, init_attempts=2)
+    by_id = {t.trajectory_id: t for t in trajs}
+    assert len(trajs) == 4 and set(by_id) == {"ok0_0", "badsetup_0", "crash_0", "ok1_0"}
+    bad = by_id["badsetup_0"]
+    assert bad.stop_reason == StopReason.sandbox_error and "setup command" in (bad.error or "")
+    assert bad.env.init_attempts == 2 and not bad.trainable
+    crash = by_id["crash_0"]
+    assert crash.stop_reason == StopReason.eval_error and crash.reward is None and crash.error
+    for ok in ("ok0_0", "ok1_0"):
+        assert by_id[ok].stop_reason == StopReason.finished and by_id[ok].reward == 1.0
+        assert by_id[ok].env.init_attempts == 1
+
+
+def test_stage_timeouts_give_their_stop_reasons(task: Task, tokenizer: Any) -> None:
+    instances = [instance("slowinit", init_s=30), instance("slowtool", tool_s=30), instance("ok")]
+    started = time.monotonic()
+    trajs, _, _ = dispatch(
+        task, tokenizer, instances, "pipeline", init_timeout=3, run_timeout=3, init_attempts=1
+    )
+    assert time.monotonic() - started < 25  # neither sleep ran out
+    by_id = {t.trajectory_id: t for t in trajs}
+    assert by_id["slowinit_0"].stop_reason == StopReason.sandbox_error
+    assert "INIT timed out" in (by_id["slowinit_0"].error or "")
+    assert by_id["slowtool_0"].stop_reason == StopReason.episode_timeout
+    assert by_id["slowtool_0"].reward == 1.0  # graded as the agent left it
+    assert by_id["ok_0"].stop_reason == StopReason.finished
+
+
+@pytest.mark.parametrize("name", ["batch", "pipeline", "sync"])
+def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name: str) -> None:
+    run_id = f"test-dispatch-cancel-{uuid.uuid4().hex[:8]}"
+    got: list[Trajectory] = []
+
+    async def main() -> None:
+        eps = episodes(task, tokenizer, [instance(f"c{k}", tool_s=60) for k in range(4)], run_id)
+        dispatcher = make_dispatcher(name, concurrency=2)
+
+        async def consume() -> None:
+            async with aclosing(dispatcher.run(eps)) as stream:
+                got.extend([t async for t in stream])
+
+        consumer = asyncio.create_task(consume())
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(live, run_id) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # the tools are sleeping now
+        consumer.cancel()  # what Ctrl-C does to asyncio.run's main task
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+
+    asyncio.run(main())
+    assert got == [] and live(run_id) == 0
+
+
+def test_pipeline_never_has_more_live_sandboxes_than_configured(task: Task, tokenizer: Any) -> None:
+    instances = [instance(f"b{k}", tool_s=0.6, init_s=0.2) for k in range(9)]
+    run_id = f"test-dispatch-bp-{uuid.uuid4().hex[:8]}"
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def poll() -> Iterator[None]:
+        while not stop.is_set():
+            seen.append(live(run_id))
+            time.sleep(0.05)
+        yield
+
+    watcher = threading.Thread(target=lambda: list(poll()), daemon=True)
+    watcher.start()
+    dispatcher = make_dispatcher("pipeline", concurrency=2, max_sandboxes=3)
+
+    async def main() -> list[Trajectory]:
+        eps = episodes(task, tokenizer, instances, run_id)
+        async with aclosing(dispatcher.run(eps)) as stream:
+            return [t async for t in stream]
+
+    try:
+        trajs = asyncio.run(main())
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(trajs) == 9 and all(t.stop_reason == StopReason.finished for t in trajs)
+    assert max(seen) == 3  # the bound was reached and never exceeded, as the engine saw it
+    assert dispatcher.metrics is not None and dispatcher.metrics.peaks["sandboxes"] <= 3

@@ -140,6 +140,7 @@ class Episode:
         self.error: str | None = None
         self.env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
+        self._closing: asyncio.Future[None] | None = None
 
     @property
     def failed(self) -> bool:
@@ -212,9 +213,12 @@ class Episode:
             self.seconds["eval"] = time.monotonic() - start
 
     async def close(self) -> None:
-        """Close tools and sandbox (idempotent, shielded from cancellation)."""
-        sandbox, self.sandbox = self.sandbox, None
-        await asyncio.shield(_close(self.tools, sandbox))
+        """Close tools and sandbox, shielded from cancellation. Idempotent: a second call
+        waits for the first one's close, so whoever waits last sees the sandbox gone."""
+        if self._closing is None:
+            sandbox, self.sandbox = self.sandbox, None
+            self._closing = asyncio.ensure_future(_close(self.tools, sandbox))
+        await asyncio.shield(self._closing)
 
     def result(self) -> Trajectory:
         """The validated trajectory of whatever the stages did."""

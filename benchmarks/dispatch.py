@@ -1,6 +1,6 @@
 """Dispatchers on one SWE-shaped workload: batch vs sync vs pipeline, same generation slots.
 
-    .venv/bin/python benchmarks/dispatch.py [--episodes 40] [--concurrency 8] [--seed 0]
+    .venv/bin/python benchmarks/dispatch.py [--episodes 80] [--concurrency 8] [--seed 0]
 
 Every episode is real: a Docker sandbox starts (INIT runs a setup command that sleeps
 for the drawn setup time), each turn the policy's tool call is `sleep <d>` through the
@@ -11,17 +11,23 @@ is here.
 Workload model (per episode, all draws seeded; lognormal = median * exp(sigma * N(0,1))).
 Shapes follow SWE-agent rollouts as described in ../shared/reference/skyrl-agent-notes.md
 (section 2: ~18-24 turns per trajectory, max 50; container INIT with connection retries;
-EVAL = a test harness run; the pipeline result of 3,250 s vs 5,100 s for bounded batch),
-time-scaled ~1/10 and with fewer turns so the whole benchmark takes a few minutes:
+EVAL = a test harness run; 512 trajectories over 96 agents, ~5 per agent), with fewer
+turns and every duration multiplied by TIME_SCALE so that the run takes minutes:
   setup_s   lognormal(median 2.0 s, sigma 0.6), clipped [0.2, 10]  (repo reset, env setup)
   turns     round(lognormal(median 6, sigma 0.5)), clipped [2, 16] (last turn calls finish)
   tokens    per turn lognormal(median 250, sigma 0.8), clipped [16, 2000]  (thinking is
             long-tailed: most turns are short, a few are long)
   tool_s    per turn lognormal(median 0.3 s, sigma 1.0), clipped [0.02, 6]  (ls/grep vs tests)
   grade_s   lognormal(median 3.0 s, sigma 0.5), clipped [0.5, 12]  (the test suite)
-Sampler latency (continuous batching, memory-bound decode): a decode step of b
-requests takes 3 ms + 0.25 ms * b, so one request decodes at ~308 tok/s alone and 8
-together at ~1,600 tok/s in total; a 250-token turn takes ~1.25 s at b = 8.
+Sampler latency (continuous batching): a decode step of b requests takes
+5.0 ms + 0.065 ms * b, a straight-line fit to a measured vLLM concurrency sweep (v0.23,
+Qwen2.5-0.5B on one L4: inter-token latency p50 5.1, 5.2, 5.3, 5.5, 6.0, 7.1 ms at 1, 2,
+4, 8, 16, 32 requests in flight). Decode is memory-bound: 8 requests together decode
+~7x faster in total than one alone, so a slot left idle is throughput lost.
+TIME_SCALE = 0.5 multiplies the step time and every sleep (the ratios are unchanged);
+80 episodes over 8 slots (10 per slot) keep the start and the drain a small part.
+The pipeline runs 2 x cores INITs at once (here 4): container starts are CPU work on
+the Docker host, and 8 concurrent starts on 2 cores measured 1-3% slower end to end.
 
 Lower bound on wall time (any dispatcher, generation concurrency C, S sandboxes):
   gen    = sum(tokens) * step_s(C) / C  + min(setup_s) + min(grade_s)
@@ -33,7 +39,8 @@ Lower bound on wall time (any dispatcher, generation concurrency C, S sandboxes)
            so the bound is below what any real run can reach.
 Generation-slot utilisation = requests inside sampler.generate / C, over time;
 steady state = from the first moment all C slots are busy until fewer than C episodes
-are left to RUN. Writes benchmarks/results/dispatch.json and dispatch.png.
+are left to RUN. `--slot-orders fair fifo` adds a pipeline arm per slot order.
+Writes benchmarks/results/dispatch.json and dispatch.png.
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
 
 RESULTS = Path(__file__).parent / "results"
-LATENCY = LatencyModel(base_s=0.003, per_request_s=0.00025)
+TIME_SCALE = 0.5
+LATENCY = LatencyModel(base_s=0.005 * TIME_SCALE, per_request_s=0.000065 * TIME_SCALE)
 
 
 def lognormal(rng: random.Random, median: float, sigma: float, lo: float, hi: float) -> float:
@@ -75,17 +83,20 @@ def lognormal(rng: random.Random, median: float, sigma: float, lo: float, hi: fl
 def draw(n: int, seed: int) -> list[dict[str, Any]]:
     """Per-episode plans: setup, turns (tokens and tool seconds), grading."""
     rng = random.Random(seed)
+    k = TIME_SCALE
     plans = []
-    for k in range(n):
+    for i in range(n):
         turns = int(round(lognormal(rng, 6, 0.5, 2, 16)))
         plans.append(
             {
-                "id": f"ep{k:03d}",
-                "setup_s": round(lognormal(rng, 2.0, 0.6, 0.2, 10), 2),
-                "grade_s": round(lognormal(rng, 3.0, 0.5, 0.5, 12), 2),
+                "id": f"ep{i:03d}",
+                "setup_s": round(k * lognormal(rng, 2.0, 0.6, 0.2, 10), 3),
+                "grade_s": round(k * lognormal(rng, 3.0, 0.5, 0.5, 12), 3),
                 "tokens": [int(lognormal(rng, 250, 0.8, 16, 2000)) for _ in range(turns)],
                 # The last turn calls finish: no tool time.
-                "tool_s": [round(lognormal(rng, 0.3, 1.0, 0.02, 6), 2) for _ in range(turns - 1)],
+                "tool_s": [
+                    round(k * lognormal(rng, 0.3, 1.0, 0.02, 6), 3) for _ in range(turns - 1)
+                ],
             }
         )
     return plans
@@ -154,6 +165,7 @@ def lower_bound(plans: list[dict[str, Any]], slots: int, sandboxes: int) -> dict
 
 async def one(
     name: str,
+    kind: str,
     task: Task,
     plans: list[dict[str, Any]],
     tokenizer: Any,
@@ -164,7 +176,7 @@ async def one(
     env = TaskEnv(task, provider, run_id)
     sampler = SimulatedSampler(scripts(plans), tokenizer, LATENCY)
     episodes = [Episode(task, inst, 0, sampler, tokenizer, env) for inst in task.instances]
-    dispatcher = make_dispatcher(name, **options)
+    dispatcher = make_dispatcher(kind, **options)
     bad = 0
     try:
         async with aclosing(dispatcher.run(episodes)) as stream:
@@ -196,9 +208,24 @@ def plot(results: dict[str, DispatchMetrics], bound: float, path: Path) -> None:
     ax.set_ylim(-2, 105)
     first = next(iter(results.values()))
     ax.set_title(f"{first.episodes} SWE-shaped episodes, {first.generation_slots} generation slots")
-    ax.legend(loc="lower left")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def arms(args: argparse.Namespace, sandboxes: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, dispatcher, options) per arm; one pipeline arm per slot order."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for kind in args.dispatchers:
+        options: dict[str, Any] = {"concurrency": args.concurrency}
+        if kind != "pipeline":
+            out.append((kind, kind, options))
+            continue
+        for order in args.slot_orders:
+            label = kind if order == "fair" else f"{kind}-{order}"
+            pipeline = {"max_sandboxes": sandboxes, "init_workers": args.init_workers}
+            out.append((label, kind, {**options, **pipeline, "slot_order": order}))
+    return out
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,15 +237,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, DispatchMetrics] = {}
     with tempfile.TemporaryDirectory() as tmp:
         task = make_task(plans, Path(tmp))
-        for name in args.dispatchers:
-            options: dict[str, Any] = {"concurrency": args.concurrency}
-            if name == "pipeline":
-                options["max_sandboxes"] = sandboxes
+        for name, kind, options in arms(args, sandboxes):
             started = time.monotonic()
-            results[name] = await one(name, task, plans, tokenizer, provider, options)
+            results[name] = await one(name, kind, task, plans, tokenizer, provider, options)
             m = results[name]
             print(
-                f"{name:9s} wall {m.wall_seconds:7.1f} s  util mean {m.utilisation_mean:.0%}  "
+                f"{name:13s} wall {m.wall_seconds:7.1f} s  util mean {m.utilisation_mean:.0%}  "
                 f"steady {m.utilisation_steady:.0%}  "
                 f"/ bound {m.wall_seconds / bound['bound_s']:.2f}"
                 f"  ({time.monotonic() - started:.0f} s)"
@@ -230,6 +254,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "generation_slots": args.concurrency,
             "pipeline_max_sandboxes": sandboxes,
+            "pipeline_init_workers": args.init_workers,
+            "time_scale": TIME_SCALE,
             "latency": LATENCY.model_dump(),
             "turns_total": sum(len(p["tokens"]) for p in plans),
         },
@@ -271,11 +297,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--episodes", type=int, default=80)
     parser.add_argument("--concurrency", type=int, default=8, help="generation slots, all arms")
     parser.add_argument("--max-sandboxes", type=int, help="pipeline's live sandboxes (3 x slots)")
+    parser.add_argument(
+        "--init-workers",
+        type=int,
+        default=2 * (os.cpu_count() or 1),
+        help="pipeline's concurrent INITs (2 x cores: container starts are host CPU work)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dispatchers", nargs="+", default=["batch", "sync", "pipeline"])
+    parser.add_argument(
+        "--slot-orders",
+        nargs="+",
+        default=["fair"],
+        choices=["fair", "fifo"],
+        help="one pipeline arm per slot order",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "dispatch.json")
     parser.add_argument("--png", type=Path, default=RESULTS / "dispatch.png")
     report = asyncio.run(main(parser.parse_args()))

@@ -69,6 +69,11 @@ class PipelineConfig(_StageLimits):
         default=None, ge=1, description="concurrent EVALs (default: concurrency)"
     )
     queue_size: int = Field(default=4, ge=1, description="capacity of each queue between stages")
+    slot_order: Literal["fair", "fifo"] = Field(
+        default="fair",
+        description="who gets a contended generation slot: the episode with the fewest turns"
+        " so far (fair) or the longest-waiting request (fifo)",
+    )
 
     @property
     def sandboxes(self) -> int:

@@ -73,9 +73,7 @@ class Run:
             await _guard(ep, StopReason.eval_error, ep.evaluate(timeout=self.limits.eval_timeout))
 
     async def finish(self, ep: Episode) -> None:
-        """Close the sandbox, then hand the trajectory out."""
-        await ep.close()
-        self.rec.add("sandboxes", -1)
+        """Hand the trajectory out, then close the sandbox (the consumer need not wait)."""
         try:
             traj = ep.result()
         except Exception as e:  # a trajectory that breaks the ledger is a bug: report it as data
@@ -92,6 +90,8 @@ class Run:
             )
         )
         self.out.put_nowait(traj)
+        await ep.close()
+        self.rec.add("sandboxes", -1)
 
     async def stream(self, workers: list[Coroutine[Any, Any, None]]) -> AsyncIterator[Trajectory]:
         """Run `workers` until every episode came out; yield trajectories as they do."""

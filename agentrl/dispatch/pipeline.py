@@ -4,9 +4,12 @@ A trajectory holds one of `concurrency` generation slots only inside
 `sampler.generate`; while it runs a tool, another trajectory's request takes the slot.
 Live sandboxes are bounded separately (`max_sandboxes`): a permit is taken before INIT
 and returned after the sandbox is closed, so a full RUN stage stops new starts.
-When the slots are contended, the episode with the most turns behind it goes first:
-episode lengths are long-tailed, so a long past predicts a long future, and serving
-those first shortens the drain at the end of a batch (the makespan).
+When the slots are contended, the episode with the fewest turns behind it goes first
+(ties: admission order), so every live episode advances at the same pace. A batch ends
+when its longest episode does: served first come, first served, the long episodes
+admitted late fall behind and finish alone after the slots have emptied; served fairly,
+they keep moving with the rest. Measured in the dispatch benchmark (80 episodes, one
+run): fair 78.6 s, `slot_order="fifo"` 81.4 s.
 """
 
 from __future__ import annotations
@@ -77,7 +80,9 @@ class PipelineDispatcher:
 
         def gate(ep: Episode) -> Gate:
             def slot() -> AbstractAsyncContextManager[None]:
-                return slots.hold((-len(ep.ledger.turns), admitted[ep.trajectory_id]))
+                if cfg.slot_order == "fifo":
+                    return slots.hold((0, 0))  # ties go in request order
+                return slots.hold((len(ep.ledger.turns), admitted[ep.trajectory_id]))
 
             return run.gate(slot)
 

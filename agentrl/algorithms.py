@@ -1,0 +1,297 @@
+"""Advantages and policy losses: what the trainer makes of a batch of trajectories.
+
+Advantages, one scalar per trajectory (broadcast over its sampled tokens), compare
+rewards within a group (the episodes of one prompt, `group_id`):
+
+- grpo (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean r) / (std r + eps), std the
+  sample standard deviation (n - 1, as verl and TRL); A_i = r_i - mean r without
+  `normalize_std`.
+- dr_grpo (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i - mean r;
+  dividing by the std over-weights prompts that are almost always solved or failed.
+- rloo (Ahmadian et al. 2024): A_i = r_i - mean of the other n - 1 rewards.
+- reinforce: A_i = r_i - b, with b the mean reward over the whole batch.
+
+Rewards that are all equal carry no signal: their advantages are exactly 0.0 (never
+rounding noise amplified by 1 / eps), and so is a group of one. An infrastructure
+failure (`not trajectory.trainable`) is not the agent's outcome: it enters no statistic
+and gets 0.0 (its loss mask is zero anyway).
+
+Losses, per sampled token, with ratio rho = exp(logprob - old_logprob) against the
+sampler's rollout logprobs:
+
+- ppo: max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)) with asymmetric bounds
+  (DAPO's clip-higher); where A < 0 it is also capped at -A * dual_clip (dual-clip PPO,
+  Ye et al. 2020), so a token the policy has made very likely cannot dominate the batch.
+- tis: -w A logprob with w = min(rho, tis_cap) held constant, so the gradient is
+  w A grad(logprob): truncated importance sampling corrects the mismatch between sampler
+  and trainer probabilities (Yao et al. 2025, "Your efficient RL framework secretly
+  brings you off-policy RL training"). Its value is a surrogate; only its gradient means
+  something.
+- cross_entropy: -logprob (supervised warm-up; advantages are ignored).
+
+Optionally + kl_coef * KL(policy || reference) per token, estimated (Schulman 2020) by
+k1 = logprob - ref or k3 = exp(ref - logprob) - (ref - logprob) - 1.
+
+`aggregate` divides by denominators of the whole batch (`loss_denominators`), never of
+a micro-batch, so micro-batches (split along B) sum exactly to the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.errors import TrajectoryError
+from agentrl.trajectory import Trajectory
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce"]
+Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+class AdvantageConfig(BaseModel):
+    """How rewards become advantages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    estimator: Estimator = Field(default="grpo", description="grpo, dr_grpo, rloo or reinforce")
+    normalize_std: bool = Field(default=True, description="grpo only: divide by the group std")
+    eps: float = Field(default=1e-6, ge=0, description="grpo only: added to the std")
+
+    @model_validator(mode="after")
+    def _grpo_options(self) -> AdvantageConfig:
+        given = sorted(self.model_fields_set & {"normalize_std", "eps"})
+        if given and self.estimator != "grpo":
+            raise ValueError(
+                f"{', '.join(given)}: only read by estimator grpo, not {self.estimator}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Counts worth logging for a batch."""
+
+    groups: int  # groups with at least one trainable episode
+    zero_variance_groups: int  # of those, groups whose rewards are all equal (one included)
+    trainable: int
+    infra_failed: int
+
+
+def _rewards_by_group(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
+    """group_id -> trajectory_id -> reward of the trainable episodes; rejects bad rewards."""
+    groups: dict[str, dict[str, float]] = defaultdict(dict)
+    seen: set[str] = set()
+    for t in trajectories:
+        if t.trajectory_id in seen:
+            raise TrajectoryError(
+                f"trajectory {t.trajectory_id!r}: appears twice in one batch",
+                fix="give every episode its own trajectory_id (e.g. '<instance>_<sample>')",
+            )
+        seen.add(t.trajectory_id)
+        if not t.trainable:
+            continue
+        if t.reward is None or not math.isfinite(t.reward):
+            raise TrajectoryError(
+                f"trajectory {t.trajectory_id!r}: reward {t.reward} is not finite",
+                fix="make the grader return a finite number, or end the episode with "
+                "stop_reason eval_error when grading failed",
+            )
+        groups[t.group_id][t.trajectory_id] = t.reward
+    return groups
+
+
+def _centered(rewards: list[float], config: AdvantageConfig) -> list[float]:
+    n = len(rewards)
+    if n < 2 or min(rewards) == max(rewards):  # no signal: exactly zero, not eps-scaled noise
+        return [0.0] * n
+    total = math.fsum(rewards)
+    mean = total / n
+    if config.estimator == "rloo":
+        return [r - (total - r) / (n - 1) for r in rewards]
+    if config.estimator == "grpo" and config.normalize_std:
+        std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+        return [(r - mean) / (std + config.eps) for r in rewards]
+    return [r - mean for r in rewards]
+
+
+def compute_advantages(
+    trajectories: Sequence[Trajectory], config: AdvantageConfig
+) -> dict[str, float]:
+    """Advantage of every trajectory, keyed by trajectory_id (0.0 for infra failures)."""
+    groups = _rewards_by_group(trajectories)
+    if config.estimator == "reinforce":
+        pools = [{tid: r for group in groups.values() for tid, r in group.items()}]
+    else:
+        pools = list(groups.values())
+    advantages = {t.trajectory_id: 0.0 for t in trajectories}
+    for pool in pools:
+        advantages.update(zip(pool, _centered(list(pool.values()), config), strict=True))
+    return advantages
+
+
+def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
+    """How many groups the batch has, and how many of them carry no signal."""
+    groups = _rewards_by_group(trajectories)
+    trainable = sum(len(group) for group in groups.values())
+    return GroupStats(
+        groups=len(groups),
+        zero_variance_groups=sum(min(g.values()) == max(g.values()) for g in groups.values()),
+        trainable=trainable,
+        infra_failed=len(trajectories) - trainable,
+    )
+
+
+# Options read by one loss type only; setting one for another type is a config mistake.
+_OPTION_OWNER = {"clip_low": "ppo", "clip_high": "ppo", "dual_clip": "ppo", "tis_cap": "tis"}
+
+
+class LossConfig(BaseModel):
+    """The policy loss and how its per-token values are aggregated."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["ppo", "tis", "cross_entropy"] = Field(
+        default="ppo", description="ppo (clipped), tis (truncated IS), cross_entropy (warm-up)"
+    )
+    clip_low: float = Field(default=0.2, gt=0, lt=1, description="ppo: ratio floor 1 - clip_low")
+    clip_high: float = Field(default=0.28, gt=0, description="ppo: ratio ceiling 1 + clip_high")
+    dual_clip: float | None = Field(
+        default=3.0, gt=1, description="ppo: where A < 0, loss <= -A * dual_clip; null: off"
+    )
+    tis_cap: float = Field(default=2.0, gt=0, description="tis: importance weights cap")
+    aggregation: Aggregation = Field(
+        default="token-mean", description="token-mean, seq-mean-token-sum, seq-mean-token-mean"
+    )
+    kl_coef: float = Field(
+        default=0.0, ge=0, description="weight of KL(policy || reference); > 0 needs ref logprobs"
+    )
+    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="per-token KL estimate")
+
+    @model_validator(mode="after")
+    def _options_of_type(self) -> LossConfig:
+        foreign = sorted(
+            f for f in self.model_fields_set if _OPTION_OWNER.get(f, self.type) != self.type
+        )
+        if foreign:
+            raise ValueError(f"{', '.join(foreign)}: not read by loss type {self.type}")
+        return self
+
+
+def loss_denominators(mask_B_T: torch.Tensor) -> tuple[float, float]:
+    """(sampled tokens, sequences with a sampled token) of the whole batch, for `aggregate`."""
+    on_B_T = mask_B_T > 0
+    return float(on_B_T.sum()), float(on_B_T.any(dim=1).sum())
+
+
+def aggregate(
+    loss_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    aggregation: Aggregation,
+    *,
+    total_tokens: float,
+    total_seqs: float,
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar with the whole batch's denominators."""
+    if total_tokens <= 0 or total_seqs <= 0:
+        raise ValueError(
+            f"total_tokens ({total_tokens}) and total_seqs ({total_seqs}) must be > 0: "
+            "a batch without sampled tokens has nothing to train on; skip the step"
+        )
+    on_B_T = mask_B_T > 0
+    # where, not multiply: padding may hold inf or nan, and nan * 0 is nan.
+    masked_B_T = torch.where(on_B_T, loss_B_T, 0.0)
+    if aggregation == "token-mean":
+        return masked_B_T.sum() / total_tokens
+    per_seq_B = masked_B_T.sum(dim=1)
+    if aggregation == "seq-mean-token-mean":
+        per_seq_B = per_seq_B / on_B_T.sum(dim=1).clamp(min=1)
+    return per_seq_B.sum() / total_seqs
+
+
+def _local_mean(x_B_T: torch.Tensor, on_B_T: torch.Tensor) -> float:
+    """Mean over this micro-batch's sampled tokens (0.0 when it has none), for metrics."""
+    picked = x_B_T.detach().expand(on_B_T.shape)[on_B_T]
+    return float(picked.float().mean()) if picked.numel() else 0.0
+
+
+def policy_loss(
+    logprobs_B_T: torch.Tensor,
+    old_logprobs_B_T: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    config: LossConfig,
+    *,
+    total_tokens: float,
+    total_seqs: float,
+    ref_logprobs_B_T: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar loss of one (micro-)batch and its metrics.
+
+    Metrics: `loss`, `pg_loss` and `kl_loss` use the batch denominators (they sum over
+    micro-batches); `ratio_mean`, `kl_mean` and the `*_frac` values are means over this
+    micro-batch's `tokens` sampled tokens.
+    """
+    shapes = [old_logprobs_B_T.shape, mask_B_T.shape]
+    if ref_logprobs_B_T is not None:
+        shapes.append(ref_logprobs_B_T.shape)
+    if logprobs_B_T.dim() != 2 or any(s != logprobs_B_T.shape for s in shapes):
+        raise ValueError(
+            f"logprobs, old/ref logprobs and mask must share one [B, T] shape: {shapes}"
+        )
+    if advantages_B.shape != logprobs_B_T.shape[:1]:
+        raise ValueError(f"advantages must be [B]: {tuple(advantages_B.shape)}")
+    if config.kl_coef > 0 and ref_logprobs_B_T is None:
+        raise ValueError(f"kl_coef {config.kl_coef} needs ref_logprobs_B_T (reference logprobs)")
+
+    on_B_T = mask_B_T > 0
+    # Padding values are never read, so inf or nan there reaches neither loss nor gradient.
+    lp_B_T = torch.where(on_B_T, logprobs_B_T, 0.0)
+    ratio_B_T = torch.exp(torch.where(on_B_T, lp_B_T - old_logprobs_B_T.detach(), 0.0))
+    adv_B_1 = advantages_B.detach().to(lp_B_T.dtype)[:, None]
+    metrics = {"tokens": float(on_B_T.sum()), "ratio_mean": _local_mean(ratio_B_T, on_B_T)}
+
+    if config.type == "ppo":
+        unclipped_B_T = -adv_B_1 * ratio_B_T
+        clipped_B_T = -adv_B_1 * ratio_B_T.clamp(1 - config.clip_low, 1 + config.clip_high)
+        pg_B_T = torch.maximum(unclipped_B_T, clipped_B_T)
+        was_clipped_B_T = clipped_B_T > unclipped_B_T
+        metrics["clip_high_frac"] = _local_mean(was_clipped_B_T & (adv_B_1 > 0), on_B_T)
+        metrics["clip_low_frac"] = _local_mean(was_clipped_B_T & (adv_B_1 < 0), on_B_T)
+        if config.dual_clip is not None:
+            cap_B_1 = -adv_B_1 * config.dual_clip
+            dual_B_T = (adv_B_1 < 0) & (pg_B_T > cap_B_1)
+            pg_B_T = torch.where(dual_B_T, cap_B_1, pg_B_T)
+            metrics["dual_clip_frac"] = _local_mean(dual_B_T, on_B_T)
+    elif config.type == "tis":
+        weight_B_T = ratio_B_T.detach().clamp(max=config.tis_cap)
+        pg_B_T = -weight_B_T * adv_B_1 * lp_B_T
+        metrics["tis_capped_frac"] = _local_mean(ratio_B_T > config.tis_cap, on_B_T)
+    else:
+        pg_B_T = -lp_B_T
+
+    def reduce(x_B_T: torch.Tensor) -> torch.Tensor:
+        return aggregate(
+            x_B_T, on_B_T, config.aggregation, total_tokens=total_tokens, total_seqs=total_seqs
+        )
+
+    loss = reduce(pg_B_T)
+    metrics["pg_loss"] = float(loss.detach())
+    if ref_logprobs_B_T is not None:
+        log_ref_ratio_B_T = torch.where(on_B_T, ref_logprobs_B_T.detach() - lp_B_T, 0.0)
+        if config.kl_estimator == "k1":
+            kl_B_T = -log_ref_ratio_B_T
+        else:
+            kl_B_T = torch.exp(log_ref_ratio_B_T) - log_ref_ratio_B_T - 1
+        metrics["kl_mean"] = _local_mean(kl_B_T, on_B_T)
+        if config.kl_coef > 0:
+            kl_loss = config.kl_coef * reduce(kl_B_T)
+            metrics["kl_loss"] = float(kl_loss.detach())
+            loss = loss + kl_loss
+    metrics["loss"] = float(loss.detach())
+    return loss, metrics

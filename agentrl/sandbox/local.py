@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -177,6 +178,7 @@ class LocalSandbox:
             encoding=None,
             dimensions=SHELL_DIMENSIONS,
             use_poll=True,
+            preexec_fn=_default_signals,
         )
         self._shells.append(child)
         return child
@@ -267,3 +269,15 @@ def _write(target: Path, data: bytes, mode: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     target.chmod(mode)
+
+
+def _default_signals() -> None:
+    """In the shell's child process: default dispositions, as a login shell would have.
+
+    A parent started in the background by a non-interactive shell ignores SIGINT and
+    SIGQUIT, and Python ignores SIGPIPE; ignored signals survive exec, so without this
+    the shell's commands would ignore Ctrl-C (a timed-out command could never be
+    interrupted) and `yes | head` would complain about broken pipes.
+    """
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)

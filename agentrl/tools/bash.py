@@ -220,7 +220,9 @@ class BashTool:
         except OSError:
             return False
         probe = _Output(4096, _sentinel_re(nonce))
-        deadline = time.monotonic() + 3.0
+        # Generous: on a loaded machine a healthy shell can take seconds to answer, and a
+        # needless restart loses its state; only a shell that ignores Ctrl-C waits it out.
+        deadline = time.monotonic() + 8.0
         while time.monotonic() < deadline:
             try:
                 chunk = shell.read_nonblocking(size=1 << 16, timeout=0.5)

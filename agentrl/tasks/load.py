@@ -1,15 +1,15 @@
-"""Load a task file: YAML with line numbers, the schema, then the checks across fields.
+"""Load a task file: the schema (via agentrl.yamlfile), then the checks across fields.
 
 `check_task` returns every problem as `file:line: field: message` and never raises for
 bad input; `load_task` returns the validated Task or raises TaskError listing them all.
-Lines come from the YAML node tree, so a pydantic error's loc points at the offending
-key (for a missing key: at its parent). Paths in a task resolve beside the task file.
+Beyond the schema this module owns what only a task has: instances (inline or in a file
+beside the task), placeholders, tools and their options, files, the grader, task
+folders and the content hash. Paths in a task resolve beside the task file.
 """
 
 from __future__ import annotations
 
 import csv
-import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -19,15 +19,13 @@ import json
 import os
 import re
 import string
-import types
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, TypeAdapter, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic import TypeAdapter, ValidationError
 
 from agentrl.errors import ConfigError
 from agentrl.tasks.spec import (
@@ -40,33 +38,29 @@ from agentrl.tasks.spec import (
     ToolConfig,
 )
 from agentrl.tools.base import REGISTRY, tool_class
+from agentrl.yamlfile import (
+    ConfigFileError,
+    Loc,
+    Problem,
+    YamlFile,
+    compose,
+    one_line,
+    readable,
+    show,
+    suggest,
+    yaml_error,
+)
 
-Loc = tuple[str | int, ...]
+__all__ = ["Problem", "TaskError", "check_task", "is_task_path", "load_task", "parse_test_ids"]
+
 TASK_SUFFIXES = (".yaml", ".yml")
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".csv")
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a task, at a line of a file."""
-
-    file: str
-    line: int
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.field}: {self.message}"
-
-
-class TaskError(ConfigError):
+class TaskError(ConfigFileError):
     """A task has problems; `problems` lists each, the message has one per line."""
 
     default_fix = "fix each problem above, then check again with: agentrl validate FILE"
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        super().__init__("\n".join(map(str, problems)))
-        self.problems = list(problems)
 
 
 def is_task_path(path: str | Path) -> bool:
@@ -113,7 +107,7 @@ def _load_folder(path: Path) -> tuple[Task | None, list[Problem]]:
 
     try:
         return load_terminal_task(path), []
-    except TaskError as e:
+    except ConfigFileError as e:  # a TaskError: its problems, each at its own line
         return None, e.problems
     except ConfigError as e:
         return None, [Problem(str(path), 1, "task", str(e))]
@@ -133,36 +127,27 @@ class _Row:
     loc: Loc
 
 
-class _Loader:
+class _Loader(YamlFile):
     def __init__(self, path: Path) -> None:
-        self.path, self.file, self.base = path, str(path), path.parent
-        self.root: yaml.Node | None = None
-        self.problems: list[Problem] = []
-
-    def add(self, loc: Loc, message: str, *, line: int | None = None) -> None:
-        self.problems.append(Problem(self.file, line or self.line(loc), _dotted(loc), message))
-
-    def line(self, loc: Loc) -> int:
-        return _find(self.root, loc)[0]
+        super().__init__(path, what="task", keys=("name", "instances", "prompt"))
+        self.base = path.parent
 
     def run(self) -> tuple[Task | None, list[Problem]]:
         if self.path.is_dir():
             return _load_folder(self.path)
-        data = self._parse()
+        data = self.parse()
         if data is None:
             return None, self.problems
-        try:
-            spec = TaskSpec.model_validate(data)
-        except ValidationError as e:
-            self._schema_problems(e.errors(), data)
-            return None, self._sorted()
+        spec = self.validate(TaskSpec, data)
+        if spec is None:
+            return None, self.sorted_problems()
         instances = self._instances(spec)
         self._placeholders(spec, instances)
         self._tools(spec)
         self._files(spec)
         self._grader(spec, instances)
         if self.problems:
-            return None, self._sorted()
+            return None, self.sorted_problems()
         task = Task(
             spec=spec,
             path=str(self.path.resolve()),
@@ -171,60 +156,6 @@ class _Loader:
             hash=self._hash(spec),
         )
         return task, []
-
-    def _sorted(self) -> list[Problem]:
-        unique = list(dict.fromkeys(self.problems))
-        return sorted(unique, key=lambda p: (p.file != self.file, p.file, p.line))
-
-    def _parse(self) -> dict[str, Any] | None:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            what = "file not found" if isinstance(e, FileNotFoundError) else f"cannot read: {e}"
-            self.problems.append(Problem(self.file, 1, "task", what))
-            return None
-        try:
-            self.root, data = _compose(text)
-        except yaml.YAMLError as e:
-            self.problems.append(Problem(self.file, *_yaml_error(e, text)))
-            return None
-        if data is None:
-            self.add((), "the file is empty: a task is a mapping with name, instances, prompt...")
-        elif not isinstance(data, dict):
-            self.add((), f"the top level should be a mapping (name: ..., ...), got {_show(data)}")
-        else:
-            for loc, line, first in _duplicate_keys(self.root, ()):
-                self.add(loc, f"duplicate key (first on line {first}): remove one", line=line)
-            return data
-        return None
-
-    def _schema_problems(self, errors: list[ErrorDetails], data: object) -> None:
-        walked = [(e, _walk(e["loc"])) for e in errors]
-        # A value that fits no member of a union gets one line, not one per member.
-        at_union: dict[Loc, list[tuple[int, Any]]] = {}
-        for i, (_e, w) in enumerate(walked):
-            for prefix, member in w.branches:
-                at_union.setdefault(prefix, []).append((i, member))
-        skip: set[int] = set()
-        for prefix, items in at_union.items():
-            value = _get(data, prefix)
-            if all(tuple(walked[i][1].path) == prefix for i, _m in items):
-                skip |= {i for i, _m in items}
-                members = list(dict.fromkeys(_describe(m) for _i, m in items))
-                self.add(prefix, f"should be {' or '.join(members)}, got {_show(value)}")
-            else:
-                skip |= {i for i, m in items if _kind_of_type(m) != _kind(value)}
-        # A misspelt key is reported once, as unknown: not also as the required key it misses.
-        typos = {(tuple(w.path[:-1]), str(w.path[-1])) for e, w in walked if _is_extra(e, w)}
-        for i, (e, w) in enumerate(walked):
-            if e["type"] == "missing" and w.path:
-                parent, key = tuple(w.path[:-1]), str(w.path[-1])
-                if any(p == parent and _suggest(t, [key]) for p, t in typos):
-                    skip.add(i)
-        for i, (e, w) in enumerate(walked):
-            if i not in skip:
-                loc, message = _schema_message(e, w)
-                self.add(loc, message)
 
     def _instances(self, spec: TaskSpec) -> list[Instance]:
         if isinstance(spec.instances, str):
@@ -243,11 +174,11 @@ class _Loader:
         for row in rows:
             v = row.value
             if not isinstance(v, dict):
-                self._at(row, (), f"an instance should be a mapping of fields, got {_show(v)}")
+                self._at(row, (), f"an instance should be a mapping of fields, got {show(v)}")
             elif "id" not in v:
                 self._at(row, (), "instance has no 'id' (each instance needs a unique id)")
             elif isinstance(v["id"], bool) or not isinstance(v["id"], str | int):
-                self._at(row, ("id",), f"id should be a string or an integer, got {_show(v['id'])}")
+                self._at(row, ("id",), f"id should be a string or an integer, got {show(v['id'])}")
             elif v["id"] == "":
                 self._at(row, ("id",), "id is empty (each instance needs a unique id)")
             elif (iid := str(v["id"])) in first:
@@ -259,9 +190,8 @@ class _Loader:
         return out
 
     def _at(self, row: _Row, sub: Loc, message: str) -> None:
-        inline = row.file == self.file
-        line = self.line(row.loc + sub) if inline else row.line
-        self.problems.append(Problem(row.file, line, _dotted(row.loc + sub), message))
+        line = None if row.file == self.file else row.line
+        self.add(row.loc + sub, message, line=line, file=row.file)
 
     def _read_rows(self, name: str) -> list[_Row] | None:
         path = self.base / name
@@ -272,19 +202,19 @@ class _Loader:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             missing = isinstance(e, FileNotFoundError)
-            msg = f"{name!r} not found (looked for {path})" if missing else _one_line(e)
+            msg = f"{name!r} not found (looked for {path})" if missing else one_line(e)
             self.add(("instances",), msg)
             return None
         reader = {".jsonl": _rows_jsonl, ".json": _rows_json, ".csv": _rows_csv}.get(path.suffix)
         try:
             entries = (reader or _rows_yaml)(text)
         except _FileProblem as e:
-            self.problems.append(Problem(str(path), e.line, "instances", e.message))
+            self.add(("instances",), e.message, line=e.line, file=str(path))
             return None
         rows = []
         for i, (line, value, error) in enumerate(entries):
             if error:
-                self.problems.append(Problem(str(path), line, f"instances[{i}]", error))
+                self.add(("instances", i), error, line=line, file=str(path))
             else:
                 rows.append(_Row(value, str(path), line, ("instances", i)))
         return rows if rows or not entries else None  # None: every entry was reported
@@ -304,7 +234,7 @@ class _Loader:
                 self.add(loc, f"{e} (write {{{{ or }}}} for a literal brace)")
                 continue
             for name, newlines, after_dollar in names:
-                line = _line_in(self.root, loc, newlines)
+                line = self.line_in(loc, newlines)
                 base = re.split(r"[.\[]", name, maxsplit=1)[0]
                 if not base or base.isdigit():
                     hint = "use {field}, or {{ }} for literal braces"
@@ -314,11 +244,11 @@ class _Loader:
                 if not lacking:
                     continue
                 if len(lacking) == len(instances):
-                    guess = _suggest(base, [*fields, "id"])
+                    guess = suggest(base, [*fields, "id"])
                     msg = f"placeholder {{{base}}}: no instance has a field {base!r}{guess}"
                     msg += f"; fields: {', '.join(fields) or 'none but id'}"
                 else:
-                    guess = _suggest(base, list(lacking[0].fields))
+                    guess = suggest(base, list(lacking[0].fields))
                     who = f"instance {_ids(lacking)}"
                     msg = f"placeholder {{{base}}}: {who} has no field {base!r}{guess}"
                 if after_dollar:
@@ -339,13 +269,18 @@ class _Loader:
             except ConfigError as e:
                 known = cfg.name in REGISTRY or ":" in cfg.name
                 choices = ", ".join(sorted(REGISTRY))
-                msg = f"unknown tool {cfg.name!r}{_suggest(cfg.name, list(REGISTRY))}"
+                msg = f"unknown tool {cfg.name!r}{suggest(cfg.name, list(REGISTRY))}"
                 self.add(loc, str(e) if known else f"{msg}; registered: {choices}, or module:Class")
                 continue
             except Exception as e:  # a tool module that fails to import is the user's to fix
-                self.add(loc, f"cannot import tool {cfg.name!r}: {_one_line(e)}")
+                self.add(loc, f"cannot import tool {cfg.name!r}: {one_line(e)}")
                 continue
             self._options(cls, cfg, ("tools", i))
+        if spec.prompt.action_format == "bash_block" and "bash" not in seen:
+            self.add(
+                ("prompt", "action_format"),
+                "bash_block runs its blocks in the bash tool: list bash under tools",
+            )
 
     def _options(self, cls: type, cfg: ToolConfig, loc: Loc) -> None:
         try:
@@ -359,7 +294,7 @@ class _Loader:
             unknown = [k for k in cfg.options if k not in names]
             for key in unknown:
                 options = f"; its options: {', '.join(names) or 'none'}"
-                msg = f"{cls.__name__} has no option {key!r}{_suggest(key, names)}{options}"
+                msg = f"{cls.__name__} has no option {key!r}{suggest(key, names)}{options}"
                 self.add((*loc, "options", key), msg)
             if unknown:
                 return
@@ -375,7 +310,7 @@ class _Loader:
             try:
                 TypeAdapter(annotation).validate_python(value)
             except ValidationError as e:
-                self.add((*loc, "options", key), _readable(e.errors()[0]))
+                self.add((*loc, "options", key), readable(e.errors()[0]))
             except Exception:  # an annotation pydantic cannot check: the constructor will
                 continue
 
@@ -402,7 +337,7 @@ class _Loader:
             except ConfigError as e:
                 self.add(("grader", "function"), e.message)
             except Exception as e:  # importing user code may raise anything: report it
-                self.add(("grader", "function"), f"cannot import: {_one_line(e)}")
+                self.add(("grader", "function"), f"cannot import: {one_line(e)}")
         elif isinstance(grader, PytestGrader):
             for key in ("fail_to_pass", "pass_to_pass"):
                 name = getattr(grader, key)
@@ -414,7 +349,7 @@ class _Loader:
                 if lacking:
                     who = "no instance" if len(lacking) == len(instances) else _ids(lacking)
                     fields = sorted({f for i in instances for f in i.fields})
-                    self.add(("grader", key), f"{who} has a field {name!r}{_suggest(name, fields)}")
+                    self.add(("grader", key), f"{who} has a field {name!r}{suggest(name, fields)}")
                 if bad:
                     msg = f"field {name!r} of instance {_ids(bad)} is not a list of test ids"
                     self.add(("grader", key), msg + " (nor a JSON string of one)")
@@ -441,77 +376,6 @@ class _Loader:
                 h.update(f"{name}\0{len(data)}\0".encode())
                 h.update(data)
         return h.hexdigest()[:16]
-
-
-# --- YAML with positions ---------------------------------------------------------------
-
-
-def _compose(text: str) -> tuple[yaml.Node | None, Any]:
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
-    finally:
-        loader.dispose()
-
-
-def _yaml_error(e: yaml.YAMLError, text: str) -> tuple[int, str, str]:
-    if isinstance(e, yaml.MarkedYAMLError):
-        mark = e.problem_mark or e.context_mark
-        msg = e.problem or e.context or "invalid YAML"
-        if e.problem and e.context:
-            where = f" on line {e.context_mark.line + 1}" if e.context_mark else ""
-            msg = f"{e.problem} ({e.context}{where})"
-        return (mark.line + 1 if mark else 1), "yaml", msg
-    if isinstance(e, yaml.reader.ReaderError):
-        return text[: e.position].count("\n") + 1, "yaml", f"{e.reason} (character {e.character!r})"
-    return 1, "yaml", _one_line(e)
-
-
-def _find(root: yaml.Node | None, loc: Loc) -> tuple[int, yaml.Node | None]:
-    """The line of the key (or item) at `loc` and its node; if absent, its nearest parent's."""
-    node = root
-    line = root.start_mark.line + 1 if root is not None else 1
-    for elem in loc:
-        if isinstance(node, yaml.MappingNode):
-            pairs = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
-            match = [(k, v) for k, v in pairs if k.value == str(elem)]
-            if not match:
-                return line, None
-            key, node = match[-1]  # the last duplicate is the one the data holds
-            line = key.start_mark.line + 1
-        elif (
-            isinstance(node, yaml.SequenceNode) and isinstance(elem, int) and elem < len(node.value)
-        ):
-            node = node.value[elem]
-            line = node.start_mark.line + 1
-        else:
-            return line, None
-    return line, node
-
-
-def _line_in(root: yaml.Node | None, loc: Loc, newlines: int) -> int:
-    """The line `newlines` lines into the string at `loc`, exact for `|` block scalars."""
-    line, node = _find(root, loc)
-    if isinstance(node, yaml.ScalarNode) and node.style == "|":
-        return node.start_mark.line + 2 + newlines
-    return line
-
-
-def _duplicate_keys(node: yaml.Node | None, loc: Loc) -> list[tuple[Loc, int, int]]:
-    out: list[tuple[Loc, int, int]] = []
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for k, v in node.value:
-            key, line = str(k.value), k.start_mark.line + 1
-            if isinstance(k, yaml.ScalarNode) and key in first:
-                out.append(((*loc, key), line, first[key]))
-            first.setdefault(key, line)
-            out += _duplicate_keys(v, (*loc, key))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out += _duplicate_keys(item, (*loc, i))
-    return out
 
 
 # --- placeholders: (name, newlines before it, right after a `$`) ----------------------
@@ -559,9 +423,9 @@ def _rows_json(text: str) -> list[tuple[int, Any, str | None]]:
     except json.JSONDecodeError as e:
         raise _FileProblem(e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from e
     if not isinstance(data, list):
-        raise _FileProblem(1, f"should be a JSON list of instances, got {_show(data)}")
+        raise _FileProblem(1, f"should be a JSON list of instances, got {show(data)}")
     try:  # JSON is YAML: the node tree gives each entry's line
-        node = _compose(text)[0]
+        node = compose(text)[0]
         lines = [n.start_mark.line + 1 for n in node.value] if node else []
     except yaml.YAMLError:
         lines = []
@@ -572,14 +436,14 @@ def _rows_json(text: str) -> list[tuple[int, Any, str | None]]:
 
 def _rows_yaml(text: str) -> list[tuple[int, Any, str | None]]:
     try:
-        node, data = _compose(text)
+        node, data = compose(text)
     except yaml.YAMLError as e:
-        line, _field, msg = _yaml_error(e, text)
+        line, msg = yaml_error(e, text)
         raise _FileProblem(line, msg) from e
     if data is None:
         return []
     if not isinstance(data, list) or not isinstance(node, yaml.SequenceNode):
-        raise _FileProblem(1, f"should be a list of instances, got {_show(data)}")
+        raise _FileProblem(1, f"should be a list of instances, got {show(data)}")
     return [(n.start_mark.line + 1, v, None) for n, v in zip(node.value, data, strict=True)]
 
 
@@ -596,166 +460,6 @@ def _rows_csv(text: str) -> list[tuple[int, Any, str | None]]:
     return out
 
 
-# --- pydantic errors, made readable ---------------------------------------------------
-
-
-@dataclass
-class _Where:
-    path: list[str | int] = field(default_factory=list)  # into the YAML document
-    owner: type[BaseModel] | None = None  # the model whose field path[-1] is (or is not)
-    branches: list[tuple[Loc, Any]] = field(default_factory=list)  # union path -> member
-
-
-def _walk(loc: Loc) -> _Where:
-    """Follow a pydantic loc through TaskSpec's annotations, dropping union labels and tags."""
-    tp: Any = TaskSpec
-    w = _Where()
-    i = 0
-    while i < len(loc):
-        elem = loc[i]
-        i += 1
-        tp = _strip_none(tp)
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            w.owner = tp
-            w.path.append(elem)
-            info = tp.model_fields.get(str(elem))
-            tp = info.annotation if info else Any
-            if info and info.discriminator and i < len(loc):
-                tp = _tags(tp).get(str(loc[i]), Any)  # pydantic puts the tag into the loc
-                i += 1
-        elif get_origin(tp) in (Union, types.UnionType):
-            label = str(elem).split("[")[0]  # pydantic labels members: str, list[...], ToolConfig
-            member = next((m for m in get_args(tp) if _name(m) == label), Any)
-            w.branches.append((tuple(w.path), member))
-            tp = member
-        else:
-            w.owner = None
-            w.path.append(elem)
-            tp = get_args(tp)[-1] if get_origin(tp) in (list, dict) else Any
-    return w
-
-
-def _is_extra(e: ErrorDetails, w: _Where) -> bool:
-    return e["type"] == "extra_forbidden" and bool(w.path)
-
-
-def _schema_message(e: ErrorDetails, w: _Where) -> tuple[Loc, str]:
-    path, kind, value = tuple(w.path), e["type"], e.get("input")
-    info = w.owner.model_fields.get(str(path[-1])) if w.owner and path else None
-    about = f" ({info.description})" if info and info.description else ""
-    if kind == "extra_forbidden":
-        key, valid = str(path[-1]), list(w.owner.model_fields) if w.owner else []
-        guess = _suggest(key, valid) or f" (valid keys: {', '.join(valid)})"
-        return path, f"unknown key {key!r}{guess}"
-    if kind == "missing":
-        return path, f"required key {path[-1]!r} is missing{about}"
-    if kind in ("union_tag_invalid", "union_tag_not_found") and info:
-        tags = list(_tags(info.annotation))
-        if kind == "union_tag_not_found":
-            return (*path, "type"), f"required key 'type' is missing (one of: {', '.join(tags)})"
-        tag = str((e.get("ctx") or {}).get("tag"))
-        guess = _suggest(tag, tags)
-        return (*path, "type"), f"unknown {path[-1]} type {tag!r}{guess}; valid: {', '.join(tags)}"
-    if kind == "value_error":  # a model validator: impossible limits, image and recipe...
-        return path, e["msg"].removeprefix("Value error, ")
-    if kind == "string_pattern_mismatch":
-        pattern = (e.get("ctx") or {}).get("pattern")
-        return path, f"{value!r} does not match the pattern {pattern}{about}"
-    return path, _readable(e)
-
-
-def _readable(e: ErrorDetails) -> str:
-    if e["type"] in ("model_type", "model_attributes_type", "dict_type"):
-        return f"should be a mapping (key: value), got {_show(e.get('input'))}"
-    msg = e["msg"].split(", unable to")[0]
-    if msg.startswith("Input should be "):
-        msg = "should be " + msg.removeprefix("Input should be ")
-    return f"{msg}, got {_show(e.get('input'))}"
-
-
-def _strip_none(tp: Any) -> Any:
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _tags(union: Any) -> dict[str, Any]:
-    """A discriminated union's members by their `type` literal."""
-    out: dict[str, Any] = {}
-    for member in get_args(union):
-        for tag in get_args(member.model_fields["type"].annotation):
-            out[str(tag)] = member
-    return out
-
-
-def _name(tp: Any) -> str:
-    tp = get_origin(tp) or tp
-    return tp.__name__ if isinstance(tp, type) else str(tp)
-
-
-def _kind_of_type(tp: Any) -> str:
-    origin = get_origin(tp) or tp
-    if origin is list:
-        return "list"
-    if origin is dict or (isinstance(origin, type) and issubclass(origin, BaseModel)):
-        return "mapping"
-    return "scalar"
-
-
-def _kind(value: object) -> str:
-    return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
-
-
-def _describe(tp: Any) -> str:
-    kind = _kind_of_type(tp)
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-    return f"a {kind}" if kind != "scalar" else names.get(tp, str(tp))
-
-
-def _get(data: object, path: Loc) -> object:
-    for elem in path:
-        if isinstance(data, dict):
-            data = data.get(elem)
-        elif isinstance(data, list) and isinstance(elem, int) and elem < len(data):
-            data = data[elem]
-        else:
-            return None
-    return data
-
-
-# --- small text helpers ---------------------------------------------------------------
-
-
-def _dotted(loc: Loc) -> str:
-    out = ""
-    for elem in loc:
-        if isinstance(elem, int):
-            out += f"[{elem}]"
-        elif re.fullmatch(r"[A-Za-z_][\w-]*", elem):
-            out += f".{elem}" if out else elem
-        else:
-            out += f"[{json.dumps(elem)}]"
-    return out or "task"
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _show(value: object) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    if value is None:
-        return "nothing (null)"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _ids(instances: list[Instance]) -> str:
     shown = ", ".join(repr(i.id) for i in instances[:3])
     return shown + (f" and {len(instances) - 3} more" if len(instances) > 3 else "")
@@ -763,8 +467,3 @@ def _ids(instances: list[Instance]) -> str:
 
 def _or(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + f" or {items[-1]}"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

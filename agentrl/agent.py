@@ -22,7 +22,13 @@ from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.tasks.spec import Instance, Task
-from agentrl.toolcall import FORMAT_HINT, ToolCallError, parse_tool_call
+from agentrl.toolcall import (
+    BASH_BLOCK_HINT,
+    FORMAT_HINT,
+    ToolCallError,
+    parse_bash_block,
+    parse_tool_call,
+)
 from agentrl.tools.base import Observation, Tool, schema, tool_class
 from agentrl.trajectory import INFRA_STOP_REASONS, EnvInfo, StopReason, Trajectory, Turn
 
@@ -78,6 +84,8 @@ def _open_chat(
         {"role": "system", "content": instance.render(task.spec.prompt.system)},
         {"role": "user", "content": instance.render(task.spec.prompt.instance)},
     ]
+    if task.spec.prompt.action_format == "bash_block":  # the system prompt explains the format
+        return ChatSession(tokenizer, messages)
     return ChatSession(tokenizer, messages, tools=[schema(t) for t in tools.values()])
 
 
@@ -186,7 +194,15 @@ class Episode:
         except EpisodeEnd as end:
             self.stop = end.stop_reason
         except TimeoutError:
-            self.stop = StopReason.episode_timeout
+            if not self.ledger.turns:  # the agent never acted: the sampler never served it
+                self.fail(
+                    StopReason.aborted,
+                    f"RUN timed out after {time.monotonic() - start:.0f} s before the first "
+                    "completion (is the sampler overloaded? lower the generation concurrency "
+                    "or raise limits.episode_timeout)",
+                )
+            else:
+                self.stop = StopReason.episode_timeout
         except SamplerError as e:  # the sampler failed: infrastructure, not the agent
             self.fail(StopReason.aborted, str(e))
         except AgentRLError as e:
@@ -297,7 +313,7 @@ async def _react(episode: Episode, gate: Gate) -> None:
             raise EpisodeEnd(
                 StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
             )
-        obs = await _act(text, episode.tools, sandbox, turn)
+        obs = await _act(text, task.spec.prompt.action_format, episode.tools, sandbox, turn)
         turn.observation = obs.text
         if obs.done:
             raise EpisodeEnd(StopReason.finished)
@@ -305,15 +321,17 @@ async def _react(episode: Episode, gate: Gate) -> None:
         ledger.sync(chat)
 
 
-async def _act(text: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn) -> Observation:
+async def _act(
+    text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
+) -> Observation:
+    blocks = action_format == "bash_block"
     try:
-        call = parse_tool_call(text)
+        call = parse_bash_block(text) if blocks else parse_tool_call(text)
     except ToolCallError as e:
         return Observation(text=f"error: {e}", error=True)
     if call is None:
-        return Observation(
-            text=f"error: no tool call found in your reply. {FORMAT_HINT}", error=True
-        )
+        what, hint = ("```bash block", BASH_BLOCK_HINT) if blocks else ("tool call", FORMAT_HINT)
+        return Observation(text=f"error: no {what} found in your reply. {hint}", error=True)
     turn.tool_call = call
     tool = tools.get(call.name)
     if tool is None:

@@ -7,6 +7,10 @@ Two formats are understood, because models are trained on both:
 
 `parse_tool_call` returns the first call, None when there is none, or a
 `ToolCallError` whose message tells the model how to fix its reply.
+
+Tasks with `action_format: bash_block` use `parse_bash_block` instead: the first
+```bash (or ```sh, or unlabelled) fenced block of the reply is a bash call, as in
+mini-SWE-agent; small models that never learned a tool-call syntax can still act.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ from agentrl.trajectory import ToolCall
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.DOTALL)
+_FENCED = re.compile(r"```([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+_SHELLS = ("", "bash", "sh", "shell")
 
 FORMAT_HINT = (
     'Call exactly one tool per reply as <tool_call>{"name": "<tool>", "arguments": {...}}'
     "</tool_call> (JSON inside the tags), or call `finish` when you are done."
 )
+
+
+BASH_BLOCK_HINT = "Reply with exactly one command in a ```bash code block."
 
 
 class ToolCallError(Exception):
@@ -41,6 +50,18 @@ def parse_tool_call(text: str) -> ToolCall | None:
         arguments = {k: _strip_one_newline(v) for k, v in _PARAMETER.findall(function.group(2))}
         return ToolCall(name=function.group(1), arguments=arguments)
     return None
+
+
+def parse_bash_block(text: str) -> ToolCall | None:
+    """The first fenced shell block of `text` as a bash call; None if there is none."""
+    # Whole blocks, in order: a closing fence never opens the next block.
+    block = next((m for m in _FENCED.finditer(text) if m.group(1) in _SHELLS), None)
+    if block is None:
+        return None
+    command = block.group(2).strip("\n")
+    if not command.strip():
+        raise ToolCallError("the ```bash block is empty. " + BASH_BLOCK_HINT)
+    return ToolCall(name="bash", arguments={"command": command})
 
 
 def _from_json(body: str) -> ToolCall:

@@ -188,6 +188,29 @@ def test_embedded_model_run_decodes_to_exactly_the_conversation_it_reports(
         assert rendered.startswith(decoded) and rendered[len(decoded) :] in ("", "\n")
 
 
+def test_bash_block_actions_run_in_the_sandbox_and_are_graded(tokenizer) -> None:
+    """The shipped training task: one ```bash block per reply, no tool schemas shown."""
+    task = load_task(Path(__file__).parents[1] / "tasks" / "train" / "shell-basics" / "task.yaml")
+    touch, mkdir = task.instances[0], task.instances[1]  # touch notes.txt / mkdir build
+    assert (touch.fields["name"], mkdir.fields["kind"]) == ("notes.txt", "dir")
+    script = load_script(DATA / "bash_block.yaml")  # replies: ```bash\ntouch notes.txt\n```
+
+    async def main() -> list[Trajectory]:
+        env = TaskEnv(task, DockerProvider(), RUN_ID)
+        return [
+            await run_episode(task, inst, 0, ScriptedSampler(script, tokenizer), tokenizer, env)
+            for inst in (touch, mkdir)
+        ]
+
+    right, wrong = asyncio.run(main())
+    assert right.reward == 1.0 and wrong.reward == 0.0
+    assert right.turns[0].tool_call is not None
+    assert right.turns[0].tool_call.arguments == {"command": "touch notes.txt"}
+    assert right.stop_reason == StopReason.max_turns  # one turn, then graded
+    assert "<tools>" not in tokenizer.decode(right.prompt_ids)  # the system prompt explains
+    assert right.prompt_ids + right.response_ids == conversation_ids(task, right, tokenizer)
+
+
 def test_no_container_is_left_behind() -> None:
     client = docker_client()
     try:

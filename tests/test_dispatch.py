@@ -128,6 +128,33 @@ def test_stage_timeouts_give_their_stop_reasons(task: Task, tokenizer: Any) -> N
     assert by_id["ok_0"].stop_reason == StopReason.finished
 
 
+def test_a_run_that_times_out_before_its_first_completion_is_not_the_agents_failure(
+    task: Task, tokenizer: Any
+) -> None:
+    """A sampler too slow to answer once (here: simulated, 1 s per decode step) leaves the
+    agent nothing to be judged on: an aborted episode with zero loss mask, not a 0 reward."""
+    from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
+
+    run_id = f"test-dispatch-{uuid.uuid4().hex[:8]}"
+    script = {"ok_0": Script(replies=["never finished"], tokens=[1000])}
+    sampler = SimulatedSampler(script, tokenizer, LatencyModel(base_s=1.0, per_request_s=0.0))
+    env = TaskEnv(task, DockerProvider(), run_id)
+    ep = Episode(task, instance("ok"), 0, sampler, tokenizer, env)
+
+    async def main() -> list[Trajectory]:
+        stream = make_dispatcher("pipeline", run_timeout=2).run([ep])
+        async with aclosing(stream):
+            got = [traj async for traj in stream]
+        await sampler.close()
+        return got
+
+    (traj,) = asyncio.run(main())
+    assert live(run_id) == 0
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert "before the first completion" in (traj.error or "")
+    assert sum(traj.loss_mask) == 0 and traj.reward is None
+
+
 @pytest.mark.parametrize("name", ["batch", "pipeline", "sync"])
 def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name: str) -> None:
     run_id = f"test-dispatch-cancel-{uuid.uuid4().hex[:8]}"

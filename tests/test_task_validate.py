@@ -57,6 +57,9 @@ CASES: dict[str, list[str]] = {
         "17: prompt.instance: placeholder {HOME}: no instance has a field 'HOME'; "
         "fields: filename; for a shell variable write ${{HOME}}"
     ],
+    "bash_block_without_bash.yaml": [
+        "11: prompt.action_format: bash_block runs its blocks in the bash tool: list bash under"
+    ],
     "duplicate_ids.yaml": ["10: instances[1].id: duplicate id 'readme' (first on line 8)"],
     "instance_without_id.yaml": ["10: instances[1]: instance has no 'id'"],
     "instances_wrong_type.yaml": ["7: instances: should be a list or a string, got 5"],

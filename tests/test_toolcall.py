@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.toolcall import ToolCallError, parse_tool_call
+from agentrl.toolcall import ToolCallError, parse_bash_block, parse_tool_call
 
 
 def test_hermes_json_call() -> None:
@@ -58,3 +58,27 @@ def test_broken_calls_explain_the_format(text: str, words: str) -> None:
     with pytest.raises(ToolCallError) as info:
         parse_tool_call(text)
     assert words in str(info.value) and "<tool_call>" in str(info.value)
+
+
+def test_bash_block_is_a_bash_call_and_only_the_first_block_counts() -> None:
+    text = "Sure.\n```bash\nmkdir -p build\ncd build\n```\nthen\n```bash\nrm -rf /\n```"
+    call = parse_bash_block(text)
+    assert call is not None and call.name == "bash"
+    assert call.arguments == {"command": "mkdir -p build\ncd build"}
+    for fence in ("```sh\nls\n```", "```\nls\n```", "```shell \nls\n```"):
+        call = parse_bash_block(fence)
+        assert call is not None and call.arguments == {"command": "ls"}
+
+
+def test_bash_block_absent_empty_or_of_another_language() -> None:
+    assert parse_bash_block("touch a.txt") is None
+    assert parse_bash_block("```python\nopen('a.txt', 'w')\n```") is None
+    assert parse_bash_block("```bash\ntouch a.txt") is None  # never closed: not run
+    with pytest.raises(ToolCallError, match="empty"):
+        parse_bash_block("```bash\n\n```")
+
+
+def test_a_closing_fence_never_opens_a_block() -> None:
+    text = "```python\nx = 1\n```\nNow run it:\n```bash\npython x.py\n```"
+    call = parse_bash_block(text)
+    assert call is not None and call.arguments == {"command": "python x.py"}

@@ -53,6 +53,12 @@ class PromptConfig(_Model):
 
     system: str = Field(description="system prompt; tool schemas are appended automatically")
     instance: str = Field(description="the first user message, per instance")
+    action_format: Literal["tool_call", "bash_block"] = Field(
+        default="tool_call",
+        description="how the model acts: tool calls (the tools' schemas go into the system"
+        " prompt), or, as in mini-SWE-agent, one ```bash code block per reply that runs in"
+        " the bash tool (no schemas: the system prompt explains the format)",
+    )
 
 
 class ToolConfig(_Model):

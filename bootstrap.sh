@@ -66,6 +66,7 @@ say "preparing the embedded model (converted once to $(
 
 [ "$INSTALL_ONLY" = 1 ] && { say "installed; run the tests with: $VENV/bin/pytest"; exit 0; }
 
-# 5. The main job ------------------------------------------------------------------------
+# 5. The main job: train the embedded model on the shipped example ----------------------
 "$VENV/bin/agentrl" doctor
-"$VENV/bin/agentrl" sample
+"$VENV/bin/agentrl" train examples/train/shell-basics.yaml \
+  --out "runs/shell-basics-$(date +%Y%m%d-%H%M%S)"

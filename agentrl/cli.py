@@ -102,6 +102,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from agentrl.runner import load_any_task
+    from agentrl.train_config import load_train_config
+    from agentrl.trainer import Trainer
+
+    config = load_train_config(args.config)
+    if args.steps:
+        schedule = config.schedule.model_copy(update={"steps": args.steps})
+        config = config.model_copy(update={"schedule": schedule})
+    if args.seed is not None:
+        config = config.model_copy(update={"seed": args.seed})
+    base = args.config.parent
+    tasks = [load_any_task(base / t) for t in config.tasks]
+    out = args.out or Path("runs") / config.name
+    if out.exists() and any(out.iterdir()) and not args.resume and not args.overwrite:
+        raise ConfigError(
+            f"{out} already holds a run",
+            fix="continue it with --resume, replace it with --overwrite, or pick --out DIR",
+        )
+    trainer = Trainer(config, tasks, out)
+    summary = asyncio.run(trainer.run(resume=args.resume))
+    table = Table(title=f"agentrl train {config.name} -> {out}")
+    table.add_column("held-out")
+    table.add_column("step")
+    table.add_column("reward (95% CI)")
+    table.add_column("episodes")
+    for key in ("eval_before", "eval_after"):
+        row = summary.get(key)
+        if row:
+            reward = f"{row['reward_mean']:.3f} +- {row['reward_ci95']:.3f}"
+            table.add_row(key.removeprefix("eval_"), str(row["step"]), reward, str(row["episodes"]))
+    console.print(table)
+    console.print(f"metrics: {out / 'metrics.jsonl'}  reward curve: {out / 'reward.png'}")
+    return 0
+
+
 def _print_first_conversation(path: Path, chars: int = 400) -> None:
     import json
 
@@ -211,6 +249,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 bad += 1
             else:
                 console.print(f"{path}: {count} trajectories, all valid")
+        elif path.suffix in (".yaml", ".yml") and _is_train_config(path):
+            from agentrl.train_config import load_train_config
+            from agentrl.yamlfile import ConfigFileError
+
+            try:
+                config = load_train_config(path)
+            except ConfigFileError as e:
+                for problem in e.problems:
+                    err_console.print(str(problem), markup=False, emoji=False)
+                bad += 1
+            else:
+                console.print(f"{path}: ok (train config {config.name})", markup=False)
         elif is_task_path(path):  # a .yaml/.yml task, or a task folder (load_task dispatches)
             try:
                 task = load_task(path)
@@ -227,6 +277,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             err_console.print(f"{path}: neither {what}", markup=False)
             bad += 1
     return 1 if bad else 0
+
+
+def _is_train_config(path: Path) -> bool:
+    """Train configs have a top-level `schedule:`; tasks never do."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(line.startswith("schedule:") for line in text.splitlines())
 
 
 def _is_swe_bench(path: Path) -> bool:
@@ -276,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-turns", type=int, help="override the task's limits.max_turns")
     r.add_argument("--max-new-tokens", type=int, help="override limits.max_new_tokens")
     r.set_defaults(func=_cmd_run)
+
+    t = sub.add_parser("train", help="train a model on tasks (the main job); see examples/")
+    t.add_argument("config", type=Path, help="a train config YAML file")
+    t.add_argument("--out", type=Path, help="output folder (default runs/<name>)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    t.add_argument("--steps", type=int, help="override schedule.steps")
+    t.add_argument("--seed", type=int, help="override seed (data order, RNGs)")
+    t.set_defaults(func=_cmd_train)
 
     g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")
     g.add_argument("--snapshots", action="store_true", help="also remove dead runs' snapshots")

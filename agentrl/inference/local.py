@@ -9,6 +9,10 @@ Sampling, per row and step: `logits / temperature`, softmax, then top-p keeps th
 smallest set of most likely tokens whose mass reaches `top_p` and renormalises it. The
 reported logprob is that of the sampled token under exactly this distribution. With
 temperature 0 (greedy) the distribution is a point mass, so the logprob is 0.0.
+
+`update_weights` swaps in a trainer's new weights only between batches: the worker holds
+`_weights_lock` for a whole batch, so no batch ever decodes with mixed weights, and every
+batch that starts afterwards is stamped with the new policy version.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class LocalSampler:
         self.vocab_size = int(model.config.vocab_size)
 
         self._lock = threading.Lock()
+        # Held by the worker for a whole batch; taken before _lock, never after it.
+        self._weights_lock = threading.Lock()
         self._policy_version = 0
         self._stats = SamplerStats()
         self._closed = False
@@ -121,6 +127,34 @@ class LocalSampler:
         """Stamp `version` on every request whose generation starts from now on."""
         with self._lock:
             self._policy_version = version
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `state_dict` into the model between batches, then stamp `version`.
+
+        Blocks while a batch is decoding (it waits for the batch to finish, not for the
+        queue to drain). Values are copied, so the caller may keep training its tensors.
+        Every key of the model must be present and no other: a partial update would
+        silently mix two policies.
+        """
+        if version < 0:
+            raise SamplerError(f"policy version must be >= 0, got {version}")
+        with self._weights_lock:
+            # Checked before copying: load_state_dict would copy the good keys, then raise.
+            shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+            missing, unexpected = shapes.keys() - state_dict, state_dict.keys() - shapes
+            reshaped = [
+                k for k in shapes.keys() & state_dict if tuple(state_dict[k].shape) != shapes[k]
+            ]
+            if missing or unexpected or reshaped:
+                raise SamplerError(
+                    "update_weights: the state dict does not fit the sampler's model (missing "
+                    f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}, other shape "
+                    f"{sorted(reshaped)[:3]})",
+                    fix="publish weights of the same architecture the sampler was built with",
+                )
+            with torch.no_grad():
+                self.model.load_state_dict(state_dict, strict=True)
+            self.set_policy_version(version)
 
     @property
     def stats(self) -> SamplerStats:
@@ -222,8 +256,12 @@ class LocalSampler:
                 batch.append(request)
         return batch
 
-    @torch.inference_mode()
     def _run_batch(self, batch: list[_Request]) -> list[Completion]:
+        # The version is read under the weights lock: it names exactly the weights decoded.
+        with self._weights_lock, torch.inference_mode():
+            return self._decode(batch)
+
+    def _decode(self, batch: list[_Request]) -> list[Completion]:
         with self._lock:
             version = self._policy_version
             self._stats.batches += 1

@@ -1,0 +1,176 @@
+"""The trainer seam: samples in, gradients accumulated, weights out to the samplers.
+
+A `Sample` is one trajectory flattened for a learner: `prompt_ids + response_ids` as
+`tokens`, with the loss mask, the sampler's logprobs and the advantage aligned to them.
+It holds tokens only, never text, so the learner scores exactly what the sampler sampled.
+The checkpoint layout every backend shares lives in `agentrl.backends.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.errors import ConfigError, TrajectoryError
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.algorithms import LossConfig
+    from agentrl.trajectory import Trajectory
+
+
+class Sample(BaseModel):
+    """One trajectory as a learner sees it; every list is aligned with `tokens`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory_id: str
+    tokens: list[int] = Field(description="prompt_ids + response_ids, verbatim")
+    loss_mask: list[int] = Field(description="1 where the sampler produced that token")
+    sampler_logprobs: list[float] = Field(description="sampler logprob of each token, 0.0 off-mask")
+    advantage: float
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Sample:
+        where = f"sample {self.trajectory_id!r}"
+        n = len(self.tokens)
+        if n == 0:
+            raise ValueError(f"{where}: no tokens")
+        if len(self.loss_mask) != n or len(self.sampler_logprobs) != n:
+            raise ValueError(
+                f"{where}: loss_mask ({len(self.loss_mask)}) and sampler_logprobs "
+                f"({len(self.sampler_logprobs)}) must have the length of tokens ({n})"
+            )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError(f"{where}: loss_mask must hold only 0 and 1")
+        if self.loss_mask[0]:
+            raise ValueError(f"{where}: loss_mask[0] is 1, but nothing predicts the first token")
+        for i, (m, lp) in enumerate(zip(self.loss_mask, self.sampler_logprobs, strict=True)):
+            if (m and (not math.isfinite(lp) or lp > 0.0)) or (not m and lp != 0.0):
+                raise ValueError(f"{where}: sampler_logprobs[{i}] = {lp} with loss_mask {m}")
+        if not math.isfinite(self.advantage):
+            raise ValueError(f"{where}: advantage {self.advantage} is not finite")
+        return self
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+def samples_from(
+    trajectories: Iterable[Trajectory], advantages: Mapping[str, float]
+) -> list[Sample]:
+    """Flatten checked trajectories into samples; those with no sampled token are skipped.
+
+    Infrastructure failures carry a zero loss mask, so they never reach a learner.
+    """
+    samples = []
+    for t in trajectories:
+        t.check()
+        if t.num_sampled == 0:
+            continue
+        if t.trajectory_id not in advantages:
+            raise TrajectoryError(f"trajectory {t.trajectory_id!r}: no advantage computed for it")
+        pad = len(t.prompt_ids)
+        samples.append(
+            Sample(
+                trajectory_id=t.trajectory_id,
+                tokens=t.prompt_ids + t.response_ids,
+                loss_mask=[0] * pad + t.loss_mask,
+                sampler_logprobs=[0.0] * pad + t.logprobs,
+                advantage=advantages[t.trajectory_id],
+            )
+        )
+    return samples
+
+
+def batch_denominators(samples: Sequence[Sample]) -> tuple[float, float]:
+    """(sampled tokens, sequences with a sampled token) of a whole batch, for the loss."""
+    tokens = sum(s.num_sampled for s in samples)
+    if tokens == 0:
+        raise ConfigError(
+            f"a batch of {len(samples)} samples has no sampled token: nothing to train on",
+            fix="skip the step (e.g. every episode of the batch was an infrastructure failure)",
+        )
+    return float(tokens), float(sum(1 for s in samples if s.num_sampled))
+
+
+def pack_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[Sample]]:
+    """Group samples so each right-padded micro-batch holds at most `budget` tokens.
+
+    Longest first keeps padding small; a sample longer than the budget goes alone.
+    """
+    batches: list[list[Sample]] = []
+    for s in sorted(samples, key=lambda s: len(s.tokens), reverse=True):
+        if batches and (len(batches[-1]) + 1) * len(batches[-1][0].tokens) <= budget:
+            batches[-1].append(s)
+        else:
+            batches.append([s])
+    return batches
+
+
+def check_fits(samples: Sequence[Sample], context_length: int, vocab_size: int) -> None:
+    """Refuse samples the model cannot score, naming the sample, before any forward pass."""
+    for s in samples:
+        if len(s.tokens) > context_length:
+            raise ConfigError(
+                f"sample {s.trajectory_id!r} has {len(s.tokens)} tokens, more than the "
+                f"model's context ({context_length})",
+                fix="end episodes at the context limit (stop_reason context_limit)",
+            )
+        if max(s.tokens) >= vocab_size:
+            raise ConfigError(
+                f"sample {s.trajectory_id!r} holds token id {max(s.tokens)}, outside the "
+                f"vocabulary ({vocab_size})",
+                fix="train the model whose tokenizer produced the trajectories",
+            )
+
+
+class WeightSink(Protocol):
+    """What `publish` hands weights to: a sampler that can swap them between batches."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+class TrainerBackend(Protocol):
+    """Turns samples into gradients and optimizer steps; publishes weights to samplers.
+
+    `forward_backward` may be called several times before `optim_step`: gradients add up,
+    and each call's loss is normalised by its own batch's token and sequence counts.
+    """
+
+    step: int
+    """Optimizer steps done."""
+
+    def forward_backward(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
+        """Accumulate gradients of `loss` over `samples`; returns loss and metrics, among
+        them `logprob_mismatch` (mean |learner - sampler| logprob over sampled tokens)."""
+        ...
+
+    def optim_step(self) -> dict[str, float]:
+        """Clip, step, advance the LR schedule, zero gradients; returns grad_norm and lr."""
+        ...
+
+    def save_checkpoint(
+        self, root: Path, extra: dict[str, Any], *, step: int | None = None
+    ) -> Path:
+        """Save atomically as root/step-N (N: `step`, default the optimizer steps taken)."""
+        ...
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore everything saved at `path`; returns the `extra` given to save."""
+        ...
+
+    def publish(self, sampler: WeightSink | None) -> int:
+        """Hand the current weights to `sampler`; returns its new policy version (+1)."""
+        ...
+
+    def close(self) -> None: ...

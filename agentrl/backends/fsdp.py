@@ -1,0 +1,429 @@
+"""The native trainer backend: a transformers causal LM sharded with torch FSDP2.
+
+Gradients across ranks SUM. Each rank's loss is divided by the token and sequence counts
+of the whole batch (not its share), so the per-rank losses add up to the full-batch
+loss; FSDP2 would average the reduce-scatter over ranks, so every FSDP module gets a
+gradient divide factor of 1 with sum-only collectives, making the reduced gradient the
+gradient of that sum. Ranks run the same number of micro-batches (FSDP's all-gathers
+are collective), padding with an empty one where a rank has fewer.
+
+Process groups come from `agentrl.backends.process_group` (torchrun's, or a world of one
+on loopback); checkpoints use the shared atomic layout of `agentrl.backends.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
+
+from agentrl.algorithms import LossConfig, policy_loss
+from agentrl.backends import base, checkpoint
+from agentrl.backends.base import Sample, WeightSink
+from agentrl.backends.process_group import join_process_group, leave_process_group
+from agentrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_SUMMED_METRICS = frozenset({"loss", "pg_loss", "kl_loss", "tokens"})  # the rest: token means
+
+
+class FSDPConfig(BaseModel):
+    """Optimizer, schedule and batching of the FSDP backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["fsdp"] = "fsdp"
+    lr: float = Field(default=1e-5, gt=0, description="peak learning rate (AdamW)")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="after warm-up: hold, or decay to 0 at total_steps"
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up: step s uses (s+1)/w")
+    total_steps: int | None = Field(default=None, ge=1, description="needed by linear and cosine")
+    max_grad_norm: float | None = Field(default=1.0, gt=0, description="clip; null: no clipping")
+    micro_batch_tokens: int = Field(
+        default=4096, ge=1, description="padded tokens per forward pass (a longer sample: alone)"
+    )
+    temperature: float = Field(
+        default=1.0, gt=0, description="the sampling temperature; logits are divided by it"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="compute dtype; bfloat16 (fp32 master weights) needs CUDA"
+    )
+    gradient_checkpointing: bool = Field(default=False, description="recompute activations")
+    seed: int = Field(default=0, description="seeds torch, python and numpy at start")
+    reference_model: bool = Field(
+        default=False, description="keep a frozen copy of the initial weights for KL"
+    )
+
+    @model_validator(mode="after")
+    def _schedule(self) -> FSDPConfig:
+        if self.schedule != "constant" and self.total_steps is None:
+            raise ValueError(f"schedule {self.schedule} needs total_steps")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} > total_steps {self.total_steps}")
+        return self
+
+    def check(self) -> FSDPConfig:
+        """Reject what this machine cannot run (before any model is loaded)."""
+        if self.dtype == "bfloat16" and not torch.cuda.is_available():
+            raise ConfigError(
+                "fsdp: dtype bfloat16 needs CUDA, and no CUDA device is visible",
+                fix="use dtype: float32 on CPU",
+            )
+        return self
+
+    def validate_loss(self, loss: LossConfig) -> None:
+        """Reject loss options this backend cannot honour instead of ignoring them."""
+        if loss.kl_coef > 0 and not self.reference_model:
+            raise ConfigError(
+                f"loss kl_coef {loss.kl_coef} needs a reference model, but fsdp "
+                "reference_model is false",
+                fix="set reference_model: true in the fsdp config, or kl_coef: 0",
+            )
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of `lr` for optimizer step `step` (0 is the first)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant" or self.total_steps is None:
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        if self.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def build(self, model_path: str | os.PathLike[str] | None = None) -> FSDPBackend:
+        return FSDPBackend(self, model_path)
+
+
+class FSDPBackend:
+    """TrainerBackend over FSDP2; every rank constructs one and calls every method."""
+
+    def __init__(
+        self, config: FSDPConfig, model_path: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.config = config.check()
+        self.step = 0
+        self._closed = False
+        join_process_group()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        cuda = torch.cuda.is_available()
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        )
+        checkpoint.seed_rngs(config.seed)
+
+        model = _load_model(model_path)
+        torch.nn.Module.to(model, self.device)  # transformers' `to` wrapper confuses mypy
+        self.context_length = int(model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
+        pad_id = int(model.config.pad_token_id or 0)  # any id: padding is masked out
+        self.pad_id = pad_id
+        self._idle = Sample(  # what a rank with fewer micro-batches runs: no loss, no gradient
+            trajectory_id="<idle>",
+            tokens=[pad_id, pad_id],
+            loss_mask=[0, 0],
+            sampler_logprobs=[0.0, 0.0],
+            advantage=0.0,
+        )
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = mp if config.dtype == "bfloat16" else MixedPrecisionPolicy()
+        self.reference: PreTrainedModel | None = None
+        if config.reference_model:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            _shard(self.reference, mesh, policy)
+        if config.gradient_checkpointing:
+            # Renamed in recent transformers 5.x; the old name warns there.
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
+        self.model = _shard(model.train(), mesh, policy)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, config.lr_factor)
+
+    def forward_backward(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
+        """Accumulate the gradient of `loss` over `samples` (this rank: samples[rank::world])."""
+        self._check_open()
+        self.config.validate_loss(loss)
+        base.check_fits(samples, self.context_length, self.vocab_size)
+        denominators = base.batch_denominators(samples)
+        mine = samples[self.rank :: self.world]
+        batches = base.pack_micro_batches(mine, self.config.micro_batch_tokens)
+        rounds = int(self._all_reduce([float(len(batches))], maximum=True)[0])
+        sums: dict[str, float] = defaultdict(float)
+        for i in range(rounds):
+            batch = batches[i] if i < len(batches) else [self._idle]  # pairs FSDP collectives
+            for key, value in self._micro_batch(batch, loss, *denominators).items():
+                sums[key] += value
+        keys = sorted(sums)  # identical on every rank: each ran the same loss at least once
+        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+        out = {}
+        for k in keys:
+            if "|" not in k:
+                weight = total.get(f"{k}|weight")  # None: a sum, not a mean
+                out[k] = total[k] if weight is None else total[k] / weight if weight else 0.0
+        out["logprob_mismatch"] = total["|mismatch|"] / denominators[0]
+        out["sequences"] = denominators[1]
+        out["micro_batches"] = float(rounds)
+        return out
+
+    def _micro_batch(
+        self, batch: list[Sample], loss: LossConfig, total_tokens: float, total_seqs: float
+    ) -> dict[str, float]:
+        """Forward and backward one micro-batch; returns weighted sums of its metrics."""
+        ids_B_T, attn_B_T, mask_B_T, old_B_T, adv_B = self._collate(batch)
+        temperature = self.config.temperature
+        lp_B_T = token_logprobs(self.model, ids_B_T, attn_B_T, temperature, mask_B_T)
+        ref_B_T = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_B_T = token_logprobs(self.reference, ids_B_T, attn_B_T, temperature, mask_B_T)
+        value, metrics = policy_loss(
+            lp_B_T,
+            old_B_T,
+            adv_B,
+            mask_B_T,
+            loss,
+            total_tokens=total_tokens,
+            total_seqs=total_seqs,
+            ref_logprobs_B_T=ref_B_T,
+        )
+        value.backward()
+        mismatch = (lp_B_T.detach() - old_B_T).abs()[mask_B_T > 0].sum()
+        sums = {"|mismatch|": float(mismatch)}
+        for key, v in metrics.items():
+            # Losses already carry the batch denominators: they add up. The rest are
+            # means over this micro-batch's tokens: weight them by those tokens.
+            if key in _SUMMED_METRICS:
+                sums[key] = v
+            else:
+                sums[key], sums[f"{key}|weight"] = v * metrics["tokens"], metrics["tokens"]
+        return sums
+
+    def optim_step(self) -> dict[str, float]:
+        """Clip, step AdamW, advance the schedule, zero gradients. A non-finite gradient
+        norm skips the update (and the schedule) and says so in `skipped`."""
+        self._check_open()
+        max_norm = self.config.max_grad_norm or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        lr = float(self.scheduler.get_last_lr()[0])
+        finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
+
+    def save_checkpoint(
+        self, root: Path, extra: dict[str, Any], *, step: int | None = None
+    ) -> Path:
+        """Write model, optimizer, schedule, per-rank RNG, step and `extra` atomically, as
+        `root/step-N`, N = `step` (the caller's count, e.g. trainer steps, some of which
+        may have had nothing to learn) or else the optimizer steps taken."""
+        self._check_open()
+        meta = checkpoint.encode_json(
+            {"step": self.step, "world_size": self.world, "extra": extra}, "extra"
+        )
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 only
+        model_sd = get_model_state_dict(self.model, options=full)
+        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        paths = (
+            list(checkpoint.begin_checkpoint(root, self.step if step is None else step))
+            if self.rank == 0
+            else [None, None]
+        )
+        dist.broadcast_object_list(paths, src=0)
+        tmp, final = Path(str(paths[0])), Path(str(paths[1]))
+        try:
+            if self.rank == 0:
+                checkpoint.save_torch(model_sd, tmp / "model.pt")
+                checkpoint.save_torch(optim_sd, tmp / "optimizer.pt")
+                checkpoint.save_torch(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            checkpoint.save_torch(checkpoint.rng_state(), tmp / f"rng-rank{self.rank}.pt")
+            dist.barrier()
+            if self.rank == 0:
+                checkpoint.write_durably(tmp / "meta.json", meta)
+                checkpoint.commit_checkpoint(tmp, final)
+        except BaseException:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        dist.barrier()
+        return final
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore a checkpoint of `save_checkpoint`; training continues bit-identically."""
+        self._check_open()
+        if not (path / "meta.json").is_file():
+            raise ConfigError(f"{path}: not a complete checkpoint (no meta.json)")
+        meta = json.loads((path / "meta.json").read_text())
+        model_sd: dict[str, Any] = {}
+        optim_sd: dict[str, Any] = {}
+        if self.rank == 0:  # read once, broadcast: ranks need not share a filesystem
+            model_sd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+            optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, model_sd, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_sd, options=options)
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        rng = path / f"rng-rank{self.rank}.pt"
+        if rng.is_file():
+            checkpoint.set_rng_state(torch.load(rng, weights_only=True))
+        else:
+            log.warning(
+                "%s: no RNG state for rank %d (saved by %d ranks)",
+                path,
+                self.rank,
+                meta["world_size"],
+            )
+        self.step = int(meta["step"])
+        extra: dict[str, Any] = meta["extra"]
+        return extra
+
+    def publish(self, sampler: WeightSink | None) -> int:
+        """Gather full weights on rank 0 and hand them to its sampler; returns the new version.
+
+        Ranks other than 0 may pass None: only rank 0 holds the full weights.
+        """
+        self._check_open()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 only
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
+        version = [0]
+        if self.rank == 0:
+            if sampler is None:
+                raise ConfigError("publish on rank 0 needs a sampler to receive the weights")
+            version[0] = sampler.policy_version + 1
+            sampler.update_weights(state, version[0])
+        dist.broadcast_object_list(version, src=0)
+        return int(version[0])
+
+    def close(self) -> None:
+        """Release the process group if this process created it; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            leave_process_group()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this FSDP backend is closed", fix="build a new backend")
+
+    def _all_reduce(self, values: list[float], *, maximum: bool = False) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM)
+        return [float(v) for v in t.tolist()]
+
+    def _collate(
+        self, batch: list[Sample]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-pad a micro-batch: ids, attention mask, loss mask, sampler logprobs, advantages."""
+        width = max(len(s.tokens) for s in batch)
+        ids_B_T = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attn_B_T = torch.zeros((len(batch), width), dtype=torch.long)
+        mask_B_T = torch.zeros((len(batch), width))
+        old_B_T = torch.zeros((len(batch), width))
+        for i, s in enumerate(batch):
+            n = len(s.tokens)
+            ids_B_T[i, :n] = torch.tensor(s.tokens)
+            attn_B_T[i, :n] = 1
+            mask_B_T[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            old_B_T[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+        adv_B = torch.tensor([s.advantage for s in batch])
+        d = self.device
+        return ids_B_T.to(d), attn_B_T.to(d), mask_B_T.to(d), old_B_T.to(d), adv_B.to(d)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    ids_B_T: torch.Tensor,
+    attn_B_T: torch.Tensor,
+    temperature: float,
+    mask_B_T: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """logprob of ids[:, t] given ids[:, :t] at temperature, as [B, T]; column 0 is 0.0.
+
+    The logits at position t - 1 predict token t, hence the shift; the result is aligned
+    with the tokens, so the loss mask applies to it unshifted. With `mask_B_T`, only the
+    positions that predict a masked token go through the vocabulary projection (the
+    rest of the result is 0.0): prompts and observations are most of an agent's tokens,
+    and the projection onto ~49k words is the largest single matmul of a small model.
+    """
+    if mask_B_T is None:
+        logits_B_T_V = model(input_ids=ids_B_T, attention_mask=attn_B_T, use_cache=False).logits
+        logits_B_T_V = logits_B_T_V[:, :-1].float() / temperature
+        targets_B_T = ids_B_T[:, 1:, None]
+        picked_B_T = logits_B_T_V.gather(-1, targets_B_T).squeeze(-1)
+        lp_B_T = picked_B_T - logits_B_T_V.logsumexp(-1)
+        return torch.nn.functional.pad(lp_B_T, (1, 0))
+    keep_B_T = torch.zeros_like(mask_B_T, dtype=torch.bool)
+    keep_B_T[:, :-1] = mask_B_T[:, 1:] > 0  # position t - 1 predicts masked token t
+    out = model(
+        input_ids=ids_B_T, attention_mask=attn_B_T, use_cache=False, logits_to_keep=keep_B_T
+    )
+    logits_N_V = out.logits.reshape(-1, out.logits.shape[-1]).float() / temperature
+    targets_N = ids_B_T[:, 1:][keep_B_T[:, :-1]]
+    picked_N = logits_N_V.gather(-1, targets_N[:, None]).squeeze(-1)
+    lp_B_T = torch.zeros(ids_B_T.shape, dtype=logits_N_V.dtype, device=ids_B_T.device)
+    lp_B_T[:, 1:][keep_B_T[:, :-1]] = picked_N - logits_N_V.logsumexp(-1)
+    return lp_B_T
+
+
+def _load_model(model_path: str | os.PathLike[str] | None) -> PreTrainedModel:
+    if model_path is None:
+        from agentrl.inference.embedded import load_model
+
+        return load_model()
+    from transformers import AutoModelForCausalLM
+
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return model
+
+
+def _shard(
+    model: PreTrainedModel, mesh: DeviceMesh, policy: MixedPrecisionPolicy
+) -> PreTrainedModel:
+    """fully_shard each decoder layer, then the root; make reductions plain sums."""
+    layer_types = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_types:
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model

@@ -1,0 +1,82 @@
+"""The train config: which tasks, which model, which backend, algorithm and schedule.
+
+One YAML file, validated like a task file (`file:line: field: what is wrong`). Task
+paths resolve beside the config file. Each instance of each task is a prompt; every
+`eval.holdout_every`-th instance (in file order) is held out for evaluation and never
+trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.algorithms import AdvantageConfig, LossConfig
+from agentrl.backends.fsdp import FSDPConfig
+from agentrl.dispatch.base import DispatchConfig, PipelineConfig
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AlgorithmConfig(_Model):
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+class SyncSchedule(_Model):
+    """Generate a whole batch with version v, train on it, publish v + 1, repeat."""
+
+    type: Literal["sync"] = "sync"
+    steps: int = Field(ge=1, description="trainer steps (one optimizer step each)")
+    prompts_per_step: int = Field(ge=1, description="prompts (instances) per step")
+    n_samples_per_prompt: int = Field(ge=1, description="episodes per prompt (a group)")
+
+
+class EvalConfig(_Model):
+    holdout_every: int = Field(
+        default=4, ge=2, description="every k-th instance of each task is held out for eval"
+    )
+    every: int = Field(
+        default=0, ge=0, description="evaluate every k steps (0: only before and after)"
+    )
+    samples: int = Field(default=4, ge=1, description="episodes per held-out instance")
+
+
+class CheckpointConfig(_Model):
+    every: int = Field(default=0, ge=0, description="save every k steps (0: only at the end)")
+    keep: int = Field(default=2, ge=1, description="complete checkpoints kept (newest)")
+
+
+class TrainConfig(_Model):
+    name: str = Field(description="run name (output folder default: runs/<name>)")
+    tasks: list[str] = Field(min_length=1, description="task files or folders, beside this file")
+    model: str = Field(default="embedded", description="'embedded' (SmolLM2-135M) or a model dir")
+    backend: FSDPConfig = Field(default_factory=FSDPConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    schedule: SyncSchedule
+    dispatcher: DispatchConfig = Field(default_factory=PipelineConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    provider: Literal["docker", "local"] = "docker"
+    seed: int = Field(default=0, description="data order and the backend's RNGs")
+
+    @model_validator(mode="after")
+    def _groups(self) -> TrainConfig:
+        estimator = self.algorithm.advantage.estimator
+        if estimator in ("grpo", "dr_grpo", "rloo") and self.schedule.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"advantage {estimator} compares the episodes of a prompt: "
+                "schedule.n_samples_per_prompt must be at least 2"
+            )
+        return self
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    """The validated config, or ConfigFileError listing every problem with its line."""
+    from agentrl.yamlfile import load_model
+
+    return load_model(Path(path), TrainConfig, what="train config")

@@ -1,0 +1,217 @@
+"""The sync trainer: data order, config errors, and whole runs on the real model in Docker.
+
+The end-to-end tests train the embedded SmolLM2 on a 4-instance task (tests/data/train)
+for 3 steps: a run writes metrics, trajectories, checkpoints, a summary and a reward
+plot; the first step's learner logprobs equal the sampler's; a run killed with SIGKILL
+while it writes a checkpoint resumes from the last complete one and trains on exactly
+the prompts an uninterrupted run trains on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.runner import load_any_task
+from agentrl.tasks.load import load_task
+from agentrl.train_config import load_train_config
+from agentrl.trainer import Trainer, _temperature, data_order, mean_interval, split
+from agentrl.trajectory import TrajectoryStore
+from agentrl.yamlfile import ConfigFileError
+
+DATA = Path(__file__).parent / "data" / "train"
+EXAMPLE = Path(__file__).parents[1] / "examples" / "train" / "shell-basics.yaml"
+
+
+def test_data_order_is_a_seeded_permutation_per_epoch_and_resumable() -> None:
+    first = data_order(5, seed=1, start=0, count=10)
+    assert sorted(first[:5]) == sorted(first[5:]) == [0, 1, 2, 3, 4]  # each epoch: all once
+    assert first[:5] != first[5:] or first[:5] == list(range(5))  # epochs reshuffled
+    assert first == data_order(5, seed=1, start=0, count=10)  # a function of seed and step
+    assert first[3:8] == data_order(5, seed=1, start=3, count=5)  # resuming mid-epoch
+    assert first != data_order(5, seed=2, start=0, count=10)
+
+
+def test_every_kth_instance_is_held_out_and_never_trained_on() -> None:
+    task = load_task(DATA / "task.yaml")
+    train, held = split([task], holdout_every=4)
+    assert [p.instance.id for p in held] == ["held"]
+    assert [p.instance.id for p in train] == ["touch", "todo", "list"]
+
+
+def test_mean_interval() -> None:
+    mean, half = mean_interval([0.0, 1.0, 1.0, 0.0])
+    # sd = sqrt(1/3) = 0.57735; 1.96 * 0.57735 / 2 = 0.56580
+    assert mean == 0.5 and half == pytest.approx(0.56580, abs=1e-5)
+    assert mean_interval([1.0]) == (1.0, 0.0)
+
+
+def test_the_shipped_example_config_is_valid() -> None:
+    config = load_train_config(EXAMPLE)
+    assert config.schedule.n_samples_per_prompt >= 2 and config.backend.type == "fsdp"
+    tasks = [load_any_task(EXAMPLE.parent / t) for t in config.tasks]
+    train, held = split(tasks, config.eval.holdout_every)
+    assert len(train) == 54 and len(held) == 18
+
+
+def test_a_bad_train_config_names_each_line_and_field() -> None:
+    with pytest.raises(ConfigFileError) as e:
+        load_train_config(DATA / "bad_train.yaml")
+    lines = str(e.value).splitlines()
+    assert any(":5: schedule.steps: should be greater than or equal to 1" in x for x in lines)
+    assert any(":8: dispatcher.type: unknown dispatcher type 'pipelin'" in x for x in lines)
+    assert any(":11: algorithm.los: unknown key 'los' (did you mean 'loss'?)" in x for x in lines)
+
+
+def test_group_estimators_need_groups(tmp_path: Path) -> None:
+    text = (
+        (DATA / "train.yaml")
+        .read_text()
+        .replace("n_samples_per_prompt: 4", "n_samples_per_prompt: 1")
+    )
+    (tmp_path / "task.yaml").write_text((DATA / "task.yaml").read_text())
+    (tmp_path / "train.yaml").write_text(text)
+    with pytest.raises(ConfigFileError, match="n_samples_per_prompt must be at least 2"):
+        load_train_config(tmp_path / "train.yaml")
+
+
+def test_the_learner_must_be_able_to_reproduce_the_sampling_distribution() -> None:
+    task = load_task(DATA / "task.yaml")
+    truncated = task.spec.model_copy(
+        update={"sampling": task.spec.sampling.model_copy(update={"top_p": 0.9})}
+    )
+    with pytest.raises(ConfigError, match="top_p"):
+        _temperature([task.model_copy(update={"spec": truncated})])
+    assert _temperature([task]) == 0.7
+
+
+def test_cli_train_reports_a_bad_config_in_one_line_per_problem() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(DATA / "bad_train.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "bad_train.yaml:11: algorithm.los: unknown key 'los'" in proc.stderr
+
+
+def _train(out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "train",
+            str(DATA / "train.yaml"),
+            "--out",
+            str(out),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.model
+def test_a_run_killed_while_checkpointing_resumes_with_the_identical_data_order(
+    tmp_path: Path,
+) -> None:
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    proc = _train(whole)
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+
+    rows = _rows(whole)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 3]
+    # Sync and on-policy: each step's learner scores what the same weights sampled, so its
+    # logprobs equal the sampler's (the proof that no token was re-tokenized).
+    trained = [r for r in train if "logprob_mismatch" in r]
+    assert trained and all(r["logprob_mismatch"] < 1e-3 for r in trained)
+    trajs = list(TrajectoryStore(whole / "trajectories.jsonl"))
+    assert len(trajs) == 3 * 2 * 4 and len({t.trajectory_id for t in trajs}) == 24
+    assert sorted({(t.scheduled_step, t.consumed_step) for t in trajs}) == [(0, 0), (1, 1), (2, 2)]
+    assert (whole / "reward.png").stat().st_size > 0
+    assert list((whole / "tensorboard").glob("events.out.tfevents.*"))  # dev installs it
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["eval_before"]["episodes"] == 2  # 1 held out x 2
+    assert [p.name for p in (whole / "checkpoints").iterdir()] == ["step-000003"]  # keep: 1
+
+    # Kill -9 while step 2's checkpoint is being written (each file write pauses 3 s).
+    proc = _train(killed, env={"AGENTRL_FAULT_CHECKPOINT_PAUSE_S": "3"})
+    root = killed / "checkpoints"
+    deadline = time.monotonic() + 900
+    while not list(root.glob("step-000002.tmp-*")):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert [p.name for p in root.iterdir() if ".tmp" not in p.name] == ["step-000001"]
+
+    proc = _train(killed, "--resume")
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    resumed = [r for r in _rows(killed) if r["kind"] == "train"]
+    assert [r["step"] for r in resumed] == [1, 2, 3]  # nothing repeated, nothing skipped
+    assert [r["prompts"] for r in resumed] == [r["prompts"] for r in train]
+    assert not list(root.glob("*.tmp-*"))  # the torn checkpoint was cleaned up
+    steps = sorted(t.scheduled_step for t in TrajectoryStore(killed / "trajectories.jsonl"))
+    assert steps == [0] * 8 + [1] * 8 + [2] * 8
+
+
+@pytest.mark.docker
+@pytest.mark.model
+def test_an_existing_run_is_not_overwritten_by_accident(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    proc = _train(tmp_path)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0 and "--resume" in output and "Traceback" not in output
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_trainer_refuses_tasks_without_held_out_instances(tmp_path: Path) -> None:
+    task = load_task(DATA / "task.yaml")
+    config = load_train_config(DATA / "train.yaml")
+    few = task.model_copy(update={"instances": task.instances[1:2]})
+    with pytest.raises(ConfigError, match="held-out"):
+        Trainer(config, [few], tmp_path)
+
+
+def test_agentrl_validate_checks_train_configs() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "validate",
+            str(EXAMPLE),
+            str(DATA / "bad_train.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "shell-basics.yaml: ok (train config shell-basics)" in proc.stdout
+    assert "bad_train.yaml:5: schedule.steps" in proc.stderr and "Traceback" not in proc.stderr

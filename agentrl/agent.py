@@ -96,7 +96,10 @@ def conversation(task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBas
     chat = _open_chat(task, instance, build_tools(task), tokenizer)
     for turn in traj.turns:
         sampled = traj.response_ids[turn.span[0] : turn.span[1]]
-        ended = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
+        if turn.finish_reason is not None:
+            ended = turn.finish_reason == "stop"
+        else:  # recorded before turns kept their finish reason
+            ended = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
         chat.add_sampled(sampled, "stop" if ended else "length")
         if len(chat.response_ids) == len(traj.response_ids):
             break  # nothing followed this turn (finish, or a timeout during its tool call)
@@ -298,6 +301,7 @@ async def _react(episode: Episode, gate: Gate) -> None:
             max_tokens=min(limits.max_new_tokens, room),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            stop=tuple(sampling.stop),
         )
         async with gate():
             start = time.monotonic()
@@ -306,7 +310,12 @@ async def _react(episode: Episode, gate: Gate) -> None:
         begin = len(chat.response_ids)
         text = chat.add_sampled(completion.token_ids, completion.finish_reason)
         ledger.sync(chat, (completion.logprobs, completion.policy_version))
-        turn = Turn(action=text, span=(begin, len(chat.response_ids)), gen_seconds=gen_seconds)
+        turn = Turn(
+            action=text,
+            span=(begin, len(chat.response_ids)),
+            finish_reason=completion.finish_reason,
+            gen_seconds=gen_seconds,
+        )
         ledger.turns.append(turn)
         if completion.finish_reason == "length":
             chat.close_turn()

@@ -118,8 +118,9 @@ class ChatSession:
             content = self.decode(ids)
         closing = self._closing(content)
         if stop_text and not closing.startswith(stop_text):
-            # Stopped on a token the template does not use to end a turn: it is content.
-            content += stop_text
+            # Stopped on a token the template does not use to end a turn (a stop string's
+            # last token, say): it is content, decoded with the rest.
+            content = self.decode(ids)
             closing, stop_text = self._closing(content), ""
         self.messages.append({"role": "assistant", "content": content})
         self.response_ids += ids

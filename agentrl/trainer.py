@@ -433,9 +433,12 @@ def _sampler(model: str) -> LocalSampler:
 
     if model == "embedded":
         return LocalSampler.embedded()
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return LocalSampler(AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval())
+    return LocalSampler(
+        AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
+        decode=AutoTokenizer.from_pretrained(model).decode,
+    )
 
 
 def _plot(metrics: Path, png: Path, name: str) -> None:

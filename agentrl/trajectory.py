@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -68,6 +68,9 @@ class Turn(_Strict):
     exit_code: int | None = Field(default=None, description="tool exit code, if any")
     span: tuple[int, int] = Field(
         description="[start, end) into response_ids of this turn's sampled tokens"
+    )
+    finish_reason: Literal["stop", "length", "abort"] | None = Field(
+        default=None, description="why the sampler ended this turn's reply"
     )
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0

@@ -193,22 +193,34 @@ def test_bash_block_actions_run_in_the_sandbox_and_are_graded(tokenizer) -> None
     task = load_task(Path(__file__).parents[1] / "tasks" / "train" / "shell-basics" / "task.yaml")
     touch, mkdir = task.instances[0], task.instances[1]  # touch notes.txt / mkdir build
     assert (touch.fields["name"], mkdir.fields["kind"]) == ("notes.txt", "dir")
-    script = load_script(DATA / "bash_block.yaml")  # replies: ```bash\ntouch notes.txt\n```
+    script = load_script(DATA / "bash_block.yaml")  # ```bash\ntouch notes.txt\n```\nprose
+    assert task.spec.sampling.stop == ["```\n"]
 
-    async def main() -> list[Trajectory]:
-        env = TaskEnv(task, DockerProvider(), RUN_ID)
-        return [
-            await run_episode(task, inst, 0, ScriptedSampler(script, tokenizer), tokenizer, env)
-            for inst in (touch, mkdir)
-        ]
-
-    right, wrong = asyncio.run(main())
+    right, wrong = asyncio.run(_episodes(task, [touch, mkdir], ScriptedSampler(script, tokenizer)))
     assert right.reward == 1.0 and wrong.reward == 0.0
     assert right.turns[0].tool_call is not None
     assert right.turns[0].tool_call.arguments == {"command": "touch notes.txt"}
     assert right.stop_reason == StopReason.max_turns  # one turn, then graded
+    # The reply ended at the closing fence, on a token that is not the end of the turn.
+    assert right.turns[0].action == "```bash\ntouch notes.txt\n```\n"
+    assert right.turns[0].finish_reason == "stop"
+    assert tokenizer.eos_token_id not in right.response_ids[slice(*right.turns[0].span)]
     assert "<tools>" not in tokenizer.decode(right.prompt_ids)  # the system prompt explains
     assert right.prompt_ids + right.response_ids == conversation_ids(task, right, tokenizer)
+
+    # Two turns: the stop-string turn is closed by the template before the observation,
+    # and the ids still equal the conversation rebuilt from the turn records.
+    limits = task.spec.limits.model_copy(update={"max_turns": 2})
+    longer = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    (two,) = asyncio.run(_episodes(longer, [touch], ScriptedSampler(script, tokenizer)))
+    assert len(two.turns) == 2 and two.turns[0].observation == "(no output)"
+    assert two.prompt_ids + two.response_ids == conversation_ids(longer, two, tokenizer)
+
+
+async def _episodes(task: Task, instances: list, sampler: ScriptedSampler) -> list[Trajectory]:
+    tokenizer = sampler.tokenizer
+    env = TaskEnv(task, DockerProvider(), RUN_ID)
+    return [await run_episode(task, inst, 0, sampler, tokenizer, env) for inst in instances]
 
 
 def test_no_container_is_left_behind() -> None:

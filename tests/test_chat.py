@@ -182,6 +182,13 @@ def test_stop_on_a_non_template_token_keeps_it_as_content(tokenizer):
     session.add_messages([{"role": "tool", "content": "ok"}])
     assert session.ids == _whole(tokenizer, session.messages, generation_prompt=True)
 
+    # A stop string completed by the last byte of a character split over tokens: the
+    # content is the whole reply decoded at once, never its pieces decoded apart.
+    session = ChatSession(tokenizer, [{"role": "user", "content": "hi"}])
+    ids = tokenizer.encode("done 🤖", add_special_tokens=False)
+    assert tokenizer.decode(ids[:-1]) + tokenizer.decode(ids[-1:]) != "done 🤖"
+    assert session.add_sampled(ids, "stop") == "done 🤖"
+
 
 def test_template_that_drops_reasoning_is_detected(tokenizer):
     tok = copy.deepcopy(tokenizer)

@@ -144,6 +144,37 @@ def test_finish_reason_length_and_stop(sampler: LocalSampler, prompts: list[list
     assert stopped.token_ids[-1] == ids[k]
 
 
+def test_stop_strings_end_at_the_token_that_completes_them(
+    sampler: LocalSampler, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    free = generate_all(sampler, [(prompts[1], SamplingParams(max_tokens=24, temperature=0))])[0]
+    ids = free.token_ids
+    text = tokenizer.decode(ids)
+    # A stop string that straddles a token boundary: the last 2 characters of token k and
+    # the first 2 of token k+1, where both tokens are long enough. Greedy output is fixed.
+    k = next(
+        i
+        for i in range(4, len(ids) - 1)
+        if all(len(tokenizer.decode(ids[j : j + 1])) >= 3 for j in (i, i + 1))
+    )
+    end_k = len(tokenizer.decode(ids[: k + 1]))
+    stop = text[end_k - 2 : end_k + 2]
+    first = next(i for i in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:i]))
+    assert first == k + 2, "the chosen string first appears across tokens k and k+1"
+
+    params = SamplingParams(max_tokens=24, temperature=0, stop=("never in this text", stop))
+    stopped = generate_all(sampler, [(prompts[1], params)])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == ids[:first]  # the completing token kept, nothing after
+    assert stopped.logprobs == free.logprobs[:first]
+
+    # No decoder, no stop strings: a clear error, not a silent run to max_tokens.
+    bare = LocalSampler(sampler.model, eos_token_ids=sampler.eos_token_ids)
+    with pytest.raises(SamplerError, match="stop strings"):
+        generate_all(bare, [(prompts[1], params)])
+    asyncio.run(bare.close())
+
+
 def test_seed_gives_the_same_tokens_alone_and_in_a_batch(
     sampler: LocalSampler, prompts: list[list[int]]
 ) -> None:

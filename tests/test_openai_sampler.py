@@ -150,6 +150,49 @@ def test_finish_reasons_length_and_stop(url: str, prompt: list[int]) -> None:
 
 
 @pytest.mark.model
+def test_stop_strings_cut_the_text_like_vllm_but_never_the_ids(
+    url: str, prompt: list[int], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    (free,) = over_http(url, (prompt, SamplingParams(max_tokens=12, temperature=0)))
+    ids, text = free.token_ids, tokenizer.decode(free.token_ids)
+
+    def starts(k: int) -> int:
+        return len(tokenizer.decode(ids[:k]))
+
+    # The first 2 characters of a longer token k, seen nowhere before it: the completing
+    # token runs past the string, so text and ids must be cut differently.
+    k = next(
+        k
+        for k in range(1, len(ids))
+        if len(tokenizer.decode(ids[k : k + 1])) >= 4
+        and text.find(text[starts(k) : starts(k) + 2]) == starts(k)
+    )
+    start = starts(k)
+    stop = text[start : start + 2]
+    (stopped,) = over_http(
+        url, (prompt, SamplingParams(max_tokens=12, temperature=0, stop=(stop,)))
+    )
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == ids[: k + 1]  # the completing token, whole
+
+    body = {
+        "prompt": prompt,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stop": stop,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    for include, cut in ((True, start + 2), (False, start)):
+        status, res = post(url, {**body, "include_stop_str_in_output": include})
+        (choice,) = res["choices"]
+        assert status == 200 and choice["finish_reason"] == "stop"
+        assert choice["stop_reason"] == stop
+        assert choice["text"] == text[:cut]  # vLLM's text ends at (or before) the string
+        assert choice["token_ids"] == ids[: k + 1]
+
+
+@pytest.mark.model
 def test_seed_reproducibility(url: str, prompt: list[int]) -> None:
     same = over_http(url, *[(prompt, SamplingParams(max_tokens=8, seed=7))] * 2)
     assert same[0].token_ids == same[1].token_ids

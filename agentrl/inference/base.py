@@ -20,6 +20,11 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = Field(
         default=(), description="extra ids that end the completion (EOS always does)"
     )
+    stop: tuple[str, ...] = Field(
+        default=(),
+        description="strings that end the completion once its decoded text contains one "
+        "(vLLM's `stop`); the token that completes the string is kept, finish_reason stop",
+    )
     seed: int | None = Field(default=None, description="per-request RNG seed")
 
 

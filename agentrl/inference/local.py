@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +64,7 @@ class _Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    searched: int = 0  # characters of decoded output already searched for stop strings
 
 
 class _Closed(Exception):
@@ -80,7 +81,10 @@ class LocalSampler:
         eos_token_ids: Iterable[int] | None = None,
         pad_token_id: int | None = None,
         max_batch_size: int = 16,
+        decode: Callable[[list[int]], str] | None = None,
     ) -> None:
+        """`decode` (ids -> text, the model's tokenizer) is needed only by requests with
+        stop strings."""
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
@@ -93,6 +97,7 @@ class LocalSampler:
         self.pad_token_id = int(pad) if pad is not None else min(self.eos_token_ids, default=0)
         self.context_length = int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
+        self.decode = decode
 
         self._lock = threading.Lock()
         # Held by the worker for a whole batch; taken before _lock, never after it.
@@ -116,6 +121,7 @@ class LocalSampler:
             eos_token_ids=None if eos is None else [int(eos)],
             pad_token_id=tokenizer.pad_token_id,
             max_batch_size=max_batch_size,
+            decode=tokenizer.decode,
         )
 
     @property
@@ -167,6 +173,12 @@ class LocalSampler:
     ) -> Completion:
         """Sample a completion of `prompt_ids`; `session_id` is unused (one replica)."""
         self._check_prompt(prompt_ids)
+        if params.stop and self.decode is None:
+            raise SamplerError(
+                "this request has stop strings but the local sampler has no tokenizer to "
+                "decode with",
+                fix="build LocalSampler with decode=tokenizer.decode",
+            )
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), params, loop, loop.create_future())
         with self._lock:
@@ -351,12 +363,24 @@ class LocalSampler:
             token, logprob = _sample(logprobs_V, row.request.params, row.generator)
             row.token_ids.append(token)
             row.logprobs.append(logprob)
-            if token in row.stop_ids:
+            if token in row.stop_ids or self._stopped_on_string(row):
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= row.max_tokens:
                 row.finish_reason = "length"
             next_ids.append(token)
         return torch.tensor(next_ids, device=logits_B_V.device)
+
+    def _stopped_on_string(self, row: _Row) -> bool:
+        """Whether the row's decoded output now contains one of its stop strings."""
+        stops = row.request.params.stop
+        if not stops:
+            return False
+        assert self.decode is not None  # generate() checks
+        text = self.decode(row.token_ids)
+        # A match must end in text not searched before; it may start up to len-1 earlier.
+        start = max(0, row.searched - max(len(s) for s in stops) + 1)
+        row.searched = len(text)
+        return any(s in text[start:] for s in stops)
 
 
 def _sample(

@@ -143,6 +143,7 @@ class OpenAISampler:
                     temperature=params.temperature,
                     top_p=params.top_p,
                     seed=params.seed,  # null: the server draws fresh entropy
+                    stop=list(params.stop) or None,
                     n=1,
                     logprobs=0,
                     extra_headers=headers,

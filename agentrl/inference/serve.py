@@ -52,6 +52,7 @@ class CompletionRequest(BaseModel):
     n: int = 1
     logprobs: int | None = None
     stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = None
     return_token_ids: bool | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -212,6 +213,7 @@ class CompletionServer:
                 temperature=r.temperature if r.temperature is not None else 1.0,
                 top_p=r.top_p if r.top_p is not None else 1.0,
                 stop_token_ids=tuple(r.stop_token_ids or ()),
+                stop=(r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ()),
                 seed=r.seed,
             )
         except ValidationError as e:
@@ -220,12 +222,25 @@ class CompletionServer:
     def _response(self, r: CompletionRequest, c: Completion) -> dict[str, Any]:
         ids = c.token_ids
         stop_ids = set(r.stop_token_ids or ())
-        stopped_on = ids[-1] if c.finish_reason == "stop" and ids else None
-        # vLLM leaves the stop token out of the text (never out of token_ids) unless asked.
-        text_ids = ids[:-1] if stopped_on is not None and not r.include_stop_str_in_output else ids
+        stop_strings = [r.stop] if isinstance(r.stop, str) else list(r.stop or ())
         with self._tokenizer_lock:
-            text = self.tokenizer.decode(text_ids, skip_special_tokens=r.skip_special_tokens)
+            text = self.tokenizer.decode(ids, skip_special_tokens=r.skip_special_tokens)
             tokens = self.tokenizer.convert_ids_to_tokens(ids) if r.logprobs is not None else []
+        stopped_on: int | str | None = None
+        matches = [(text.find(s), s) for s in stop_strings if s in text]
+        if c.finish_reason == "stop" and matches:
+            # vLLM cuts the text at the stop string (after it if asked to include it);
+            # token_ids keep every sampled id, including the one that completed it.
+            at, stopped_on = min(matches)
+            text = text[: at + (len(stopped_on) if r.include_stop_str_in_output else 0)]
+        elif c.finish_reason == "stop" and ids:
+            stopped_on = ids[-1]
+            # vLLM leaves the stop token out of the text (never out of token_ids) unless asked.
+            if not r.include_stop_str_in_output:
+                with self._tokenizer_lock:
+                    text = self.tokenizer.decode(
+                        ids[:-1], skip_special_tokens=r.skip_special_tokens
+                    )
         choice: dict[str, Any] = {
             "index": 0,
             "text": text,
@@ -233,7 +248,10 @@ class CompletionServer:
                 {"tokens": tokens, "token_logprobs": c.logprobs} if r.logprobs is not None else None
             ),
             "finish_reason": c.finish_reason,
-            "stop_reason": stopped_on if stopped_on in stop_ids else None,
+            # A string, or a requested stop id; EOS is null as in vLLM.
+            "stop_reason": stopped_on
+            if isinstance(stopped_on, str) or stopped_on in stop_ids
+            else None,
             "token_ids": ids if r.return_token_ids else None,
             "prompt_token_ids": r.prompt if r.return_token_ids else None,
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_IMAGE = "agentrl/base:bookworm"
 
@@ -138,6 +138,18 @@ Grader = Annotated[CommandGrader | PytestGrader | PythonGrader, Field(discrimina
 class SamplingDefaults(_Model):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
+    stop: list[str] = Field(
+        default_factory=list,
+        description="strings that end a reply (kept in it), e.g. a closing code fence, so "
+        "the model acts as soon as its action is complete instead of rambling on",
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _nonempty(cls, stop: list[str]) -> list[str]:
+        if any(not s for s in stop):
+            raise ValueError("stop strings must not be empty")
+        return stop
 
 
 def _default_tools() -> list[str | ToolConfig]:

@@ -125,6 +125,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     trainer = Trainer(config, tasks, out)
     summary = asyncio.run(trainer.run(resume=args.resume))
+    if not summary:  # a torchrun rank other than 0: rank 0 reports
+        return 0
     table = Table(title=f"agentrl train {config.name} -> {out}")
     table.add_column("held-out")
     table.add_column("step")

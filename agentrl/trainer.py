@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.backends.fsdp import FSDPBackend
+    from agentrl.backends.ranks import Leader
     from agentrl.inference.local import LocalSampler
     from agentrl.tasks.spec import Instance, Task
     from agentrl.train_config import TrainConfig
@@ -140,23 +141,41 @@ class Trainer:
         self._board: Any = None
 
     async def run(self, *, resume: bool = False) -> dict[str, Any]:
-        from agentrl.inference.embedded import load_tokenizer
-        from agentrl.sandbox import provider as make_provider
-
+        """Train; returns the summary (empty on torchrun ranks other than 0)."""
         cfg = self.config
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError(
-                "agentrl train runs as one process; under torchrun every rank would run its own "
-                "rollouts (rank 0 leading and broadcasting batches is not built yet)",
-                fix="run agentrl train without torchrun",
-            )
-        self.out.mkdir(parents=True, exist_ok=True)
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         backend_cfg = cfg.backend.model_copy(
             update={"temperature": self.temperature, "seed": cfg.seed}
         )
         backend_cfg.check().validate_loss(cfg.algorithm.loss)
+        if rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+        built = backend_cfg.build(None if cfg.model == "embedded" else cfg.model)
+        backend: FSDPBackend | Leader = built
+        if world > 1:  # under torchrun: rank 0 leads, the others mirror its backend calls
+            from agentrl.backends.ranks import Leader, control_group, follow
+
+            group = control_group()
+            if rank != 0:
+                try:
+                    calls = follow(built, group)
+                    log.info("rank %d: followed %d backend calls", rank, calls)
+                finally:
+                    built.close()
+                return {}
+            backend = Leader(built, group)
+        try:
+            return await self._lead(backend, resume)
+        finally:
+            backend.close()
+
+    async def _lead(self, backend: FSDPBackend | Leader, resume: bool) -> dict[str, Any]:
+        """Rank 0 (or the only rank): rollouts, training calls, files."""
+        from agentrl.inference.embedded import load_tokenizer
+        from agentrl.sandbox import provider as make_provider
+
+        cfg = self.config
         tokenizer = load_tokenizer()
-        backend = backend_cfg.build(None if cfg.model == "embedded" else cfg.model)
         sampler = _sampler(cfg.model)
         provider = make_provider(cfg.provider)
         envs = [TaskEnv(task, provider, self.run_id) for task in self.tasks]
@@ -179,7 +198,6 @@ class Trainer:
             if self._board is not None:
                 self._board.close()
             await sampler.close()
-            backend.close()
             from agentrl.sandbox.docker import remove_run
 
             if cfg.provider == "docker":
@@ -187,7 +205,7 @@ class Trainer:
 
     async def _loop(
         self,
-        backend: FSDPBackend,
+        backend: FSDPBackend | Leader,
         sampler: LocalSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
@@ -229,7 +247,7 @@ class Trainer:
     async def _step(
         self,
         step: int,
-        backend: FSDPBackend,
+        backend: FSDPBackend | Leader,
         sampler: LocalSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
@@ -326,7 +344,7 @@ class Trainer:
             progress.remove_task(bar)
         return out
 
-    def _checkpoint(self, backend: FSDPBackend, done: int) -> None:
+    def _checkpoint(self, backend: FSDPBackend | Leader, done: int) -> None:
         path = backend.save_checkpoint(
             self.ckpt_root, {"step": done, "seed": self.config.seed}, step=done
         )
@@ -437,7 +455,7 @@ def _sampler(model: str) -> LocalSampler:
 
     return LocalSampler(
         AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
-        decode=AutoTokenizer.from_pretrained(model).decode,
+        tokenizer=AutoTokenizer.from_pretrained(model),
     )
 
 

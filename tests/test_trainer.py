@@ -215,3 +215,54 @@ def test_agentrl_validate_checks_train_configs() -> None:
     assert proc.returncode == 1
     assert "shell-basics.yaml: ok (train config shell-basics)" in proc.stdout
     assert "bad_train.yaml:5: schedule.steps" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.model
+def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Path) -> None:
+    """Two gloo ranks on this CPU (a GPU node runs the same code with nccl): rank 0 runs
+    the rollouts and broadcasts each backend call; the step's loss and gradient norm must
+    equal what one rank computes on the very trajectories rank 0 recorded."""
+    import socket
+
+    from agentrl.algorithms import compute_advantages
+    from agentrl.backends.base import samples_from
+
+    out = tmp_path / "run"
+    with socket.socket() as s:  # a free loopback port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "-m", "agentrl.cli", "train", str(DATA / "train.yaml"), "--steps", "1",
+            "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},  # loopback only
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.count("agentrl train tiny") == 1  # rank 0 reports, rank 1 does not
+    (row,) = [r for r in _rows(out) if r["kind"] == "train"]
+    assert row["policy_version"] == 2 and row["skipped"] == 0.0  # trained, published
+    (ckpt,) = (out / "checkpoints").iterdir()
+    assert {p.name for p in ckpt.glob("rng-rank*.pt")} == {"rng-rank0.pt", "rng-rank1.pt"}
+
+    config = load_train_config(DATA / "train.yaml")
+    trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
+    samples = samples_from(trajs, compute_advantages(trajs, config.algorithm.advantage))
+    task = load_task(DATA / "task.yaml")
+    one = config.backend.model_copy(
+        update={"temperature": _temperature([task]), "seed": config.seed}
+    ).build()
+    try:
+        got = one.forward_backward(samples, config.algorithm.loss)
+        got.update(one.optim_step())
+    finally:
+        one.close()
+    assert got["loss"] == pytest.approx(row["loss"], rel=1e-4, abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(row["grad_norm"], rel=1e-3)
+    assert got["sequences"] == row["sequences"] == 8

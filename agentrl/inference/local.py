@@ -23,11 +23,11 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.inference.base import Completion, FinishReason, SamplingParams
@@ -81,10 +81,9 @@ class LocalSampler:
         eos_token_ids: Iterable[int] | None = None,
         pad_token_id: int | None = None,
         max_batch_size: int = 16,
-        decode: Callable[[list[int]], str] | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
-        """`decode` (ids -> text, the model's tokenizer) is needed only by requests with
-        stop strings."""
+        """`tokenizer` (the model's) is needed only by requests with stop strings."""
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
@@ -97,7 +96,7 @@ class LocalSampler:
         self.pad_token_id = int(pad) if pad is not None else min(self.eos_token_ids, default=0)
         self.context_length = int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
-        self.decode = decode
+        self.tokenizer = tokenizer
 
         self._lock = threading.Lock()
         # Held by the worker for a whole batch; taken before _lock, never after it.
@@ -121,7 +120,7 @@ class LocalSampler:
             eos_token_ids=None if eos is None else [int(eos)],
             pad_token_id=tokenizer.pad_token_id,
             max_batch_size=max_batch_size,
-            decode=tokenizer.decode,
+            tokenizer=tokenizer,
         )
 
     @property
@@ -173,11 +172,11 @@ class LocalSampler:
     ) -> Completion:
         """Sample a completion of `prompt_ids`; `session_id` is unused (one replica)."""
         self._check_prompt(prompt_ids)
-        if params.stop and self.decode is None:
+        if params.stop and self.tokenizer is None:
             raise SamplerError(
                 "this request has stop strings but the local sampler has no tokenizer to "
                 "decode with",
-                fix="build LocalSampler with decode=tokenizer.decode",
+                fix="build the LocalSampler with tokenizer=",
             )
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), params, loop, loop.create_future())
@@ -375,8 +374,8 @@ class LocalSampler:
         stops = row.request.params.stop
         if not stops:
             return False
-        assert self.decode is not None  # generate() checks
-        text = self.decode(row.token_ids)
+        assert self.tokenizer is not None  # generate() checks
+        text = str(self.tokenizer.decode(row.token_ids))
         # A match must end in text not searched before; it may start up to len-1 earlier.
         start = max(0, row.searched - max(len(s) for s in stops) + 1)
         row.searched = len(text)

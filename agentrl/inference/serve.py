@@ -224,10 +224,10 @@ class CompletionServer:
         stop_ids = set(r.stop_token_ids or ())
         stop_strings = [r.stop] if isinstance(r.stop, str) else list(r.stop or ())
         with self._tokenizer_lock:
-            text = self.tokenizer.decode(ids, skip_special_tokens=r.skip_special_tokens)
+            text = str(self.tokenizer.decode(ids, skip_special_tokens=r.skip_special_tokens))
             tokens = self.tokenizer.convert_ids_to_tokens(ids) if r.logprobs is not None else []
         stopped_on: int | str | None = None
-        matches = [(text.find(s), s) for s in stop_strings if s in text]
+        matches = [(text.find(stop), stop) for stop in stop_strings if stop in text]
         if c.finish_reason == "stop" and matches:
             # vLLM cuts the text at the stop string (after it if asked to include it);
             # token_ids keep every sampled id, including the one that completed it.
@@ -238,8 +238,8 @@ class CompletionServer:
             # vLLM leaves the stop token out of the text (never out of token_ids) unless asked.
             if not r.include_stop_str_in_output:
                 with self._tokenizer_lock:
-                    text = self.tokenizer.decode(
-                        ids[:-1], skip_special_tokens=r.skip_special_tokens
+                    text = str(
+                        self.tokenizer.decode(ids[:-1], skip_special_tokens=r.skip_special_tokens)
                     )
         choice: dict[str, Any] = {
             "index": 0,

@@ -116,6 +116,17 @@ class DockerProvider:
         """A new sandbox from a `snapshot()` image, with `spec`'s limits and labels."""
         return await self._launch(spec, snapshot_id)
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        """The snapshot layer's size (0 if the image is gone)."""
+        try:
+            return await asyncio.to_thread(snapshot_bytes, self.client, snapshot_id)
+        except NotFound:
+            return 0
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        """Remove a snapshot image; returns the bytes its layer held (0 if already gone)."""
+        return await asyncio.to_thread(_remove_snapshot, self.client, snapshot_id)
+
     async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         async with self._starts:
             await self._rate.acquire()
@@ -594,6 +605,26 @@ def gc(
     finally:
         if own:
             client.close()
+
+
+def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
+    """Disk the snapshot's own layer takes (its size less its parent image's)."""
+    info = client.api.inspect_image(snapshot_id)
+    parent = info.get("Parent")
+    base = client.api.inspect_image(parent)["Size"] if parent else 0
+    return max(0, int(info["Size"]) - int(base))
+
+
+def _remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int:
+    try:
+        size = snapshot_bytes(client, snapshot_id)
+        client.api.remove_image(snapshot_id, force=True)
+    except NotFound:
+        return 0
+    except (DockerException, requests.RequestException) as exc:  # e.g. a child image uses it
+        log.warning("kept snapshot %s: %s", snapshot_id[:19], _first_line(exc))
+        return 0
+    return size
 
 
 def _remove_snapshots(client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]) -> int:

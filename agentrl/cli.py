@@ -266,7 +266,11 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     what = f"run {args.run}" if args.run else "dead runs"
     console.print(
         f"removed {report.containers} container(s)"
-        + (f" and {report.snapshots} snapshot image(s)" if args.snapshots else "")
+        + (
+            f" and {report.snapshots} snapshot image(s) ({_bytes(report.snapshot_bytes)})"
+            if args.snapshots
+            else ""
+        )
         + f" of {what}"
     )
     return 0

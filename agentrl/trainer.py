@@ -273,6 +273,7 @@ class Trainer:
                 tokenizer,
                 envs[p.task],
                 scheduled_step=step,
+                snapshots=cfg.snapshots,
             )
             for p in prompts
             for k in range(n)
@@ -315,7 +316,15 @@ class Trainer:
         progress: Progress,
     ) -> dict[str, Any]:
         episodes = [
-            Episode(self.tasks[p.task], p.instance, j, sampler, tokenizer, envs[p.task])
+            Episode(
+                self.tasks[p.task],
+                p.instance,
+                j,
+                sampler,
+                tokenizer,
+                envs[p.task],
+                snapshots=self.config.snapshots,
+            )
             for p in self.held
             for j in range(self.config.eval.samples)
         ]

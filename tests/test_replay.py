@@ -239,6 +239,78 @@ def test_gc_reclaims_the_snapshots_of_a_killed_driver(tmp_path: Path) -> None:
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert snapshots()  # the driver died holding them
-    gc(snapshots=True)
+    left = snapshots()
+    assert left  # the driver died holding them
+    report = gc(snapshots=True)
     assert snapshots() == []
+    assert report.snapshots >= len(left) and report.snapshot_bytes > 0
+
+
+class _SlowCommits:
+    """The real Docker provider, but each commit starts 1 s late and is timed: what a big
+    sandbox's commit would look like."""
+
+    name = "docker"
+
+    def __init__(self, log: list[tuple[str, float]]) -> None:
+        self.inner, self.log = DockerProvider(reap_at_start=False), log
+
+    def __getattr__(self, attr: str):
+        return getattr(self.inner, attr)
+
+    async def start(self, spec):
+        return _SlowSandbox(await self.inner.start(spec), self.log)
+
+
+class _SlowSandbox:
+    def __init__(self, inner, log: list[tuple[str, float]]) -> None:
+        self.inner, self.log = inner, log
+
+    def __getattr__(self, attr: str):
+        return getattr(self.inner, attr)
+
+    async def snapshot(self, label: str) -> str:
+        await asyncio.sleep(1.0)
+        snapshot_id = await self.inner.snapshot(label)
+        self.log.append((f"committed {label}", time.monotonic()))
+        return snapshot_id
+
+
+class _Stamped(ScriptedSampler):
+    def __init__(self, replies, tokenizer, log: list[tuple[str, float]]) -> None:
+        super().__init__(replies, tokenizer)
+        self.log = log
+
+    async def generate(self, prompt_ids, params, session_id=None):
+        self.log.append(("generate", time.monotonic()))
+        return await super().generate(prompt_ids, params, session_id)
+
+
+def test_a_commit_overlaps_the_next_generation_and_precedes_the_next_action(
+    tmp_path: Path, tokenizer
+) -> None:
+    events: list[tuple[str, float]] = []
+    task = load_any_task(DATA / "task.yaml")
+    sampler = _Stamped(load_script(DATA / "wanderer.yaml"), tokenizer, events)
+    asyncio.run(
+        run_task(task, sampler, tokenizer, _SlowCommits(events), tmp_path, show_progress=False)
+    )
+    (traj,) = TrajectoryStore(tmp_path / "trajectories.jsonl")
+    try:
+        order = [name for name, _ in sorted(events, key=lambda e: e[1])]
+        # Every generation after the first started while the previous commit was running.
+        assert order == [
+            "generate",
+            "committed init",  # INIT's commit overlapped the first generation
+            "generate",
+            "committed turn-000",
+            "generate",
+            "committed turn-001",
+            "committed turn-002",
+        ]
+        # And no action ran before its predecessor's commit: turn 2 deletes old.txt, and
+        # the state restored from turn 1's snapshot still has it, so replay matches.
+        report = asyncio.run(replay.replay(tmp_path, traj.trajectory_id, 2))
+        assert report.matched and report.restored_at == 2
+    finally:
+        asyncio.run(_remove(replay.snapshot_ids([traj])))

@@ -83,6 +83,7 @@ class GcReport(BaseModel):
 
     containers: int = 0
     snapshots: int = 0
+    snapshot_bytes: int = 0
 
 
 class DockerProvider:
@@ -125,7 +126,7 @@ class DockerProvider:
 
     async def remove_snapshot(self, snapshot_id: str) -> int:
         """Remove a snapshot image; returns the bytes its layer held (0 if already gone)."""
-        return await asyncio.to_thread(_remove_snapshot, self.client, snapshot_id)
+        return await asyncio.to_thread(_remove_snapshot, self.client, snapshot_id) or 0
 
     async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         async with self._starts:
@@ -573,8 +574,10 @@ def remove_run(client: docker.DockerClient, run_id: str, *, snapshots: bool = Fa
     containers = client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"})
     for summary in containers:
         _remove(client.api, summary["Id"])
-    images = _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else 0
-    return GcReport(containers=len(containers), snapshots=images)
+    images, freed = (
+        _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else (0, 0)
+    )
+    return GcReport(containers=len(containers), snapshots=images, snapshot_bytes=freed)
 
 
 def gc(
@@ -589,7 +592,7 @@ def gc(
     client = client or docker_client()
     try:
         containers = reap(client, run_id=run_id)
-        images = 0
+        images = freed = 0
         if snapshots:
             live_runs = {
                 (c.get("Labels") or {}).get(RUN)
@@ -600,8 +603,8 @@ def gc(
                 wanted = run_id is None or labels.get(RUN) == run_id
                 return wanted and _owner_dead(labels) and labels.get(RUN) not in live_runs
 
-            images = _remove_snapshots(client, dead)
-        return GcReport(containers=containers, snapshots=images)
+            images, freed = _remove_snapshots(client, dead)
+        return GcReport(containers=containers, snapshots=images, snapshot_bytes=freed)
     finally:
         if own:
             client.close()
@@ -615,29 +618,29 @@ def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
     return max(0, int(info["Size"]) - int(base))
 
 
-def _remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int:
+def _remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None:
+    """Remove one snapshot image; the bytes freed, or None if nothing was removed."""
     try:
         size = snapshot_bytes(client, snapshot_id)
         client.api.remove_image(snapshot_id, force=True)
     except NotFound:
-        return 0
+        return None
     except (DockerException, requests.RequestException) as exc:  # e.g. a child image uses it
         log.warning("kept snapshot %s: %s", snapshot_id[:19], _first_line(exc))
-        return 0
+        return None
     return size
 
 
-def _remove_snapshots(client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]) -> int:
-    removed = 0
+def _remove_snapshots(
+    client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]
+) -> tuple[int, int]:
+    """(images removed, bytes freed) of the snapshots whose labels `doomed` accepts."""
+    removed = freed = 0
     images = client.api.images(all=True, filters={"label": SNAPSHOT_OF})
     # Newest first: a snapshot of a restored snapshot is a child of the older image.
     for image in sorted(images, key=lambda i: i.get("Created", 0), reverse=True):
         if doomed(image.get("Labels") or {}):
-            try:
-                client.api.remove_image(image["Id"], force=True)
-                removed += 1
-            except NotFound:
-                pass
-            except (DockerException, requests.RequestException) as exc:
-                log.warning("kept snapshot %s: %s", image["Id"][:19], _first_line(exc))
-    return removed
+            size = _remove_snapshot(client, image["Id"])
+            if size is not None:
+                removed, freed = removed + 1, freed + size
+    return removed, freed

@@ -314,3 +314,28 @@ def test_a_commit_overlaps_the_next_generation_and_precedes_the_next_action(
         assert report.matched and report.restored_at == 2
     finally:
         asyncio.run(_remove(replay.snapshot_ids([traj])))
+
+
+def test_replay_on_the_local_provider(tmp_path: Path, tokenizer) -> None:
+    """The same snapshots and replay with no Docker at all (folder copies)."""
+    from agentrl.sandbox.local import LocalProvider
+
+    task = load_any_task(DATA / "task.yaml")
+    sampler = ScriptedSampler(load_script(DATA / "wanderer.yaml"), tokenizer)
+    asyncio.run(run_task(task, sampler, tokenizer, LocalProvider(), tmp_path, show_progress=False))
+    (traj,) = TrajectoryStore(tmp_path / "trajectories.jsonl")
+    assert traj.env.provider == "local" and len(replay.snapshot_ids([traj])) == 4
+    try:
+        for k in (0, 2):
+            report = asyncio.run(replay.replay(tmp_path, traj.trajectory_id, k))
+            assert report.matched and report.restored_at == k
+    finally:
+        asyncio.run(_remove_local(replay.snapshot_ids([traj])))
+
+
+async def _remove_local(ids: list[str]) -> None:
+    from agentrl.sandbox.local import LocalProvider, snapshots_dir
+
+    freed = [await LocalProvider().remove_snapshot(i) for i in ids]
+    assert sum(freed) >= 3 * len("draft\n")  # old.txt, in every snapshot before turn 2's rm
+    assert not any((snapshots_dir() / i).exists() for i in ids)

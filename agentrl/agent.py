@@ -164,6 +164,7 @@ class Episode:
         self._closing: asyncio.Future[None] | None = None
         # The commit in flight and the turn it belongs to (None: the INIT snapshot).
         self._pending: tuple[Turn | None, asyncio.Future[str]] | None = None
+        self._committed: list[str] = []  # snapshots this episode made (a branch inherits others)
 
     @property
     def failed(self) -> bool:
@@ -259,7 +260,7 @@ class Episode:
             await self.settle_snapshot()
         await close_all(self.tools, sandbox)
         if self._drops_snapshots():  # a success not sampled for keeping
-            for snapshot_id in self._snapshot_ids():
+            for snapshot_id in self._committed:
                 with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
                     await self.env.provider.remove_snapshot(snapshot_id)
 
@@ -283,14 +284,11 @@ class Episode:
             self._pending = None
             return
         self._pending = None
+        self._committed.append(snapshot_id)
         if turn is None:
             self.env_info.init_snapshot = snapshot_id
         else:
             turn.snapshot_id = snapshot_id
-
-    def _snapshot_ids(self) -> list[str]:
-        ids = [self.env_info.init_snapshot, *(t.snapshot_id for t in self.ledger.turns)]
-        return [i for i in ids if i]
 
     def _drops_snapshots(self) -> bool:
         """Whether retention removes this episode's snapshots: a full-reward success not
@@ -308,9 +306,14 @@ class Episode:
         stop = self.stop or StopReason.aborted
         infra = stop in INFRA_STOP_REASONS
         turns, env_info = ledger.turns, self.env_info
-        if self._drops_snapshots():  # close() removes them: record none
-            turns = [t.model_copy(update={"snapshot_id": None}) for t in turns]
-            env_info = env_info.model_copy(update={"init_snapshot": None})
+        if self._drops_snapshots():  # close() removes those it made: record none of them
+            gone = set(self._committed)
+            turns = [
+                t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t
+                for t in turns
+            ]
+            if env_info.init_snapshot in gone:
+                env_info = env_info.model_copy(update={"init_snapshot": None})
         return Trajectory(
             trajectory_id=self.trajectory_id,
             group_id=self.instance.id,

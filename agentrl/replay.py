@@ -236,6 +236,7 @@ async def branch(
         episode = Episode(task, session.instance, 0, sampler, tokenizer, session.env)
         episode.trajectory_id = f"{traj.trajectory_id}~{from_turn}-{uuid.uuid4().hex[:4]}"
         episode.scheduled_step = traj.scheduled_step
+        episode.env_info = traj.env.model_copy()  # its INIT (and snapshot) was the original's
         episode.chat = conversation(task, traj, tokenizer, upto=from_turn)
         n = len(episode.chat.response_ids)
         if traj.response_ids[:n] != episode.chat.response_ids:

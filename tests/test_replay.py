@@ -181,6 +181,11 @@ def test_branching_from_turn_2_keeps_the_original_prefix(tmp_path: Path, tokeniz
     assert branch.trajectory_id.startswith(f"{original.trajectory_id}~2-")
     (stored,) = TrajectoryStore(tmp_path / replay.BRANCHES)
     assert stored == branch
+    # The branch inherits the original's restore points and never removes them.
+    assert branch.env.init_snapshot == original.env.init_snapshot
+    assert [t.snapshot_id for t in branch.turns[:2]] == [t.snapshot_id for t in original.turns[:2]]
+    ids = replay.snapshot_ids([original])
+    assert images_of(ids) == ids
     asyncio.run(_remove(replay.snapshot_ids([original, branch])))
 
 

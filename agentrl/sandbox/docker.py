@@ -131,12 +131,16 @@ class DockerProvider:
     async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         async with self._starts:
             await self._rate.acquire()
-            task = asyncio.ensure_future(asyncio.to_thread(_create, self.client, spec, image))
+            start = _Start(self.client, spec, image)
+            task = asyncio.ensure_future(asyncio.to_thread(start.run))
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError:
-                # The thread still finishes the start; remove what it makes.
-                task.add_done_callback(_close_in_background)
+                # Whoever comes second removes the container: the starting thread if it is
+                # still starting, else this task, before the cancellation goes on.
+                made = start.abandon()
+                if made is not None:
+                    await asyncio.shield(asyncio.to_thread(made.close_now))
                 raise
 
 
@@ -542,9 +546,29 @@ def _remove(api: Any, container_id: str) -> None:
 _backstop = ExitBackstop()
 
 
-def _close_in_background(task: asyncio.Future[DockerSandbox]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        threading.Thread(target=task.result().close_now, name="agentrl-sandbox-close").start()
+class _Start:
+    """A container start in a worker thread that its caller may abandon (Ctrl-C): the
+    container is then removed, by the thread or by the caller, whichever is second."""
+
+    def __init__(self, client: docker.DockerClient, spec: SandboxSpec, image: str) -> None:
+        self.client, self.spec, self.image = client, spec, image
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._made: DockerSandbox | None = None
+
+    def run(self) -> DockerSandbox:
+        sandbox = _create(self.client, self.spec, self.image)
+        with self._lock:
+            abandoned, self._made = self._abandoned, sandbox
+        if abandoned:
+            sandbox.close_now()
+        return sandbox
+
+    def abandon(self) -> DockerSandbox | None:
+        """Mark the start abandoned; the sandbox if it already exists (the caller closes it)."""
+        with self._lock:
+            self._abandoned = True
+            return self._made
 
 
 def _owner_dead(labels: dict[str, str]) -> bool:

@@ -137,14 +137,22 @@ class Session:
             self.sandbox = await self.env.restore(self.instance, snapshot, name=name)
         return j, snapshot
 
-    async def execute(self, i: int) -> tuple[str | None, str]:
-        """Act on turn i's recorded reply again; (tool name, observation text)."""
+    async def execute(self, i: int) -> Divergence | None:
+        """Act on turn i's recorded reply again; how the observation differs, if it does."""
         assert self.sandbox is not None
         turn = self.traj.turns[i]
         fresh = Turn(action=turn.action, span=turn.span)
         fmt = self.task.spec.prompt.action_format
-        obs = await act(turn.action, fmt, self.tools, self.sandbox, fresh)
-        return (fresh.tool_call.name if fresh.tool_call else None), obs.text
+        text = (await act(turn.action, fmt, self.tools, self.sandbox, fresh)).text
+        if text == turn.observation:
+            return None
+        return Divergence(
+            turn=i,
+            tool=fresh.tool_call.name if fresh.tool_call else None,
+            recorded=turn.observation,
+            replayed=text,
+            diff=_diff(turn.observation, text),
+        )
 
     async def close(self) -> None:
         sandbox, self.sandbox = self.sandbox, None
@@ -168,13 +176,9 @@ async def replay(
         for i in range(j, len(traj.turns)):
             if not executed(traj.turns[i]):
                 continue
-            tool, text = await session.execute(i)
             replayed.append(i)
-            recorded = traj.turns[i].observation
-            if text != recorded:
-                divergence = Divergence(
-                    turn=i, tool=tool, recorded=recorded, replayed=text, diff=_diff(recorded, text)
-                )
+            divergence = await session.execute(i)
+            if divergence is not None:
                 break
         reward = None
         if divergence is None and session.sandbox is not None:
@@ -198,21 +202,8 @@ async def restore_to(session: Session, turn: int) -> tuple[int, str | None, Dive
     `turn`; a divergence on the way means it may not be."""
     j, snapshot = await session.restore(turn)
     for i in range(j, turn):
-        if executed(session.traj.turns[i]):
-            tool, text = await session.execute(i)
-            recorded = session.traj.turns[i].observation
-            if text != recorded:
-                return (
-                    j,
-                    snapshot,
-                    Divergence(
-                        turn=i,
-                        tool=tool,
-                        recorded=recorded,
-                        replayed=text,
-                        diff=_diff(recorded, text),
-                    ),
-                )
+        if executed(session.traj.turns[i]) and (divergence := await session.execute(i)):
+            return j, snapshot, divergence
     return j, snapshot, None
 
 

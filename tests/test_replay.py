@@ -344,3 +344,19 @@ async def _remove_local(ids: list[str]) -> None:
     freed = [await LocalProvider().remove_snapshot(i) for i in ids]
     assert sum(freed) >= 3 * len("draft\n")  # old.txt, in every snapshot before turn 2's rm
     assert not any((snapshots_dir() / i).exists() for i in ids)
+
+
+def test_restore_point_falls_back_to_the_latest_earlier_snapshot(broken) -> None:
+    _, traj = broken
+    sparse = traj.model_copy(
+        update={
+            "turns": [
+                t.model_copy(update={"snapshot_id": t.snapshot_id if i % 2 else None})
+                for i, t in enumerate(traj.turns)
+            ]
+        }
+    )  # what `every: 2` records: after turns 1, 3, 5
+    assert replay.restore_point(sparse, 3) == (2, traj.turns[1].snapshot_id)
+    assert replay.restore_point(sparse, 1) == (0, traj.env.init_snapshot)
+    bare = sparse.model_copy(update={"env": sparse.env.model_copy(update={"init_snapshot": None})})
+    assert replay.restore_point(bare, 1) == (0, None)  # nothing before: INIT again

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -21,7 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Sampler, SamplingParams
-from agentrl.tasks.spec import Instance, Task
+from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import (
     BASH_BLOCK_HINT,
     FORMAT_HINT,
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
 
     from agentrl.sandbox.base import Sandbox
     from agentrl.tasks.env import TaskEnv
+
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeEnd(Exception):
@@ -89,12 +94,15 @@ def _open_chat(
     return ChatSession(tokenizer, messages, tools=[schema(t) for t in tools.values()])
 
 
-def conversation(task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase) -> ChatSession:
+def conversation(
+    task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase, upto: int | None = None
+) -> ChatSession:
     """Replay an episode's conversation from its turn records (sampled ids verbatim,
-    observations as recorded) through the chat template: what the model saw, as messages."""
+    observations as recorded) through the chat template: what the model saw, as messages.
+    With `upto=K`, only turns before K: the chat as it stood when turn K was sampled."""
     instance = next(i for i in task.instances if i.id == traj.group_id)
     chat = _open_chat(task, instance, build_tools(task), tokenizer)
-    for turn in traj.turns:
+    for turn in traj.turns[:upto]:
         sampled = traj.response_ids[turn.span[0] : turn.span[1]]
         if turn.finish_reason is not None:
             ended = turn.finish_reason == "stop"
@@ -137,8 +145,10 @@ class Episode:
         env: TaskEnv,
         *,
         scheduled_step: int = 0,
+        snapshots: SnapshotPolicy | None = None,
     ) -> None:
         self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
+        self.snapshots = snapshots or task.spec.snapshots
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
         self.tools = build_tools(task)
@@ -152,6 +162,9 @@ class Episode:
         self.env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
         self._closing: asyncio.Future[None] | None = None
+        # The commit in flight and the turn it belongs to (None: the INIT snapshot).
+        self._pending: tuple[Turn | None, asyncio.Future[str]] | None = None
+        self._committed: list[str] = []  # snapshots this episode made (a branch inherits others)
 
     @property
     def failed(self) -> bool:
@@ -177,6 +190,8 @@ class Episode:
                     async with asyncio.timeout(timeout):
                         self.sandbox = await self.env.init(self.instance, name=self.trajectory_id)
             self.env_info.image = await self.env.image()
+            if self.snapshots.every:
+                self.start_snapshot(None, "init")
         except TimeoutError:
             self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
         except AgentRLError as e:  # sandbox died, setup failed, image missing
@@ -215,6 +230,7 @@ class Episode:
 
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
+        await self.settle_snapshot()  # the state RUN left, before the grader's files go in
         if self.failed or self.sandbox is None:
             return
         start = time.monotonic()
@@ -236,8 +252,52 @@ class Episode:
         waits for the first one's close, so whoever waits last sees the sandbox gone."""
         if self._closing is None:
             sandbox, self.sandbox = self.sandbox, None
-            self._closing = asyncio.ensure_future(_close(self.tools, sandbox))
+            self._closing = asyncio.ensure_future(self._teardown(sandbox))
         await asyncio.shield(self._closing)
+
+    async def _teardown(self, sandbox: Sandbox | None) -> None:
+        with contextlib.suppress(Exception):
+            await self.settle_snapshot()
+        await close_all(self.tools, sandbox)
+        if self._drops_snapshots():  # a success not sampled for keeping
+            for snapshot_id in self._committed:
+                with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+                    await self.env.provider.remove_snapshot(snapshot_id)
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def start_snapshot(self, turn: Turn | None, label: str) -> None:
+        """Commit the sandbox in the background: the next generation runs meanwhile, and
+        the next action waits for the commit (`settle_snapshot`)."""
+        assert self.sandbox is not None and self._pending is None
+        self._pending = (turn, asyncio.ensure_future(self.sandbox.snapshot(label)))
+
+    async def settle_snapshot(self) -> None:
+        """Wait for the commit in flight, if any, and record its id."""
+        if self._pending is None:
+            return
+        turn, commit = self._pending
+        try:
+            snapshot_id = await asyncio.shield(commit)
+        except AgentRLError as e:  # a failed commit loses a replay point, not the episode
+            log.warning("%s: snapshot failed: %s", self.trajectory_id, e)
+            self._pending = None
+            return
+        self._pending = None
+        self._committed.append(snapshot_id)
+        if turn is None:
+            self.env_info.init_snapshot = snapshot_id
+        else:
+            turn.snapshot_id = snapshot_id
+
+    def _drops_snapshots(self) -> bool:
+        """Whether retention removes this episode's snapshots: a full-reward success not
+        in the `keep_successful` sample (decided by a hash of its ids, so reproducibly)."""
+        if self.failed or self.reward is None or self.reward < 1.0:
+            return False
+        key = f"{self.env.run_id}/{self.trajectory_id}".encode()
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
+        return draw >= self.snapshots.keep_successful
 
     def result(self) -> Trajectory:
         """The validated trajectory of whatever the stages did."""
@@ -245,6 +305,15 @@ class Episode:
         ledger.sync(chat)
         stop = self.stop or StopReason.aborted
         infra = stop in INFRA_STOP_REASONS
+        turns, env_info = ledger.turns, self.env_info
+        if self._drops_snapshots():  # close() removes those it made: record none of them
+            gone = set(self._committed)
+            turns = [
+                t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t
+                for t in turns
+            ]
+            if env_info.init_snapshot in gone:
+                env_info = env_info.model_copy(update={"init_snapshot": None})
         return Trajectory(
             trajectory_id=self.trajectory_id,
             group_id=self.instance.id,
@@ -258,9 +327,9 @@ class Episode:
             reward=self.reward,
             reward_components=self.components,
             stop_reason=stop,
-            turns=ledger.turns,
+            turns=turns,
             scheduled_step=self.scheduled_step,
-            env=self.env_info,
+            env=env_info,
             error=self.error,
         ).check()
 
@@ -293,7 +362,7 @@ async def _react(episode: Episode, gate: Gate) -> None:
     sandbox = episode.sandbox
     assert sandbox is not None  # run() checks
     limits, sampling = task.spec.limits, task.spec.sampling
-    for _ in range(limits.max_turns):
+    for _ in range(limits.max_turns - len(ledger.turns)):  # a branch starts with turns done
         room = limits.context_length - len(chat)
         if room <= 0:
             raise EpisodeEnd(StopReason.context_limit)
@@ -322,17 +391,23 @@ async def _react(episode: Episode, gate: Gate) -> None:
             raise EpisodeEnd(
                 StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
             )
-        obs = await _act(text, task.spec.prompt.action_format, episode.tools, sandbox, turn)
+        await episode.settle_snapshot()  # the last commit must end before the sandbox changes
+        obs = await act(text, task.spec.prompt.action_format, episode.tools, sandbox, turn)
         turn.observation = obs.text
+        every = episode.snapshots.every
+        if every and len(ledger.turns) % every == 0:
+            episode.start_snapshot(turn, f"turn-{len(ledger.turns) - 1:03d}")
         if obs.done:
             raise EpisodeEnd(StopReason.finished)
         chat.add_messages([{"role": "tool", "content": obs.text}])
         ledger.sync(chat)
 
 
-async def _act(
+async def act(
     text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
 ) -> Observation:
+    """Parse the reply `text` and make its call; the observation the agent sees (and the
+    call, exit code and tool time on `turn`). Replay re-executes recorded turns with it."""
     blocks = action_format == "bash_block"
     try:
         call = parse_bash_block(text) if blocks else parse_tool_call(text)
@@ -358,7 +433,7 @@ async def _act(
     return obs
 
 
-async def _close(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
+async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
     for tool in tools.values():
         with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
             await tool.close()

@@ -16,12 +16,16 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console
 
 from agentrl import __version__
 from agentrl.errors import AgentRLError, ConfigError
+
+if TYPE_CHECKING:
+    from agentrl.sandbox.base import SandboxProvider
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -68,6 +72,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except ValidationError as e:
             raise ConfigError(f"limits: {e.errors()[0]['msg']}") from e
         task = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    snapshots = None
+    if args.snapshots is not None:
+        policy = task.spec.snapshots
+        snapshots = policy.model_copy(update={"every": max(0, args.snapshots)})
     tokenizer = load_tokenizer()
     sampler = make_policy(args.policy, tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -83,6 +91,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 samples=args.samples,
                 concurrency=args.concurrency,
                 dispatcher=args.dispatcher,
+                snapshots=snapshots,
             )
         finally:
             await sampler.close()
@@ -142,6 +151,99 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from agentrl import replay
+    from agentrl.trajectory import Trajectory
+
+    run_dir, tid, k = args.run_dir, args.trajectory_id, args.from_turn
+    if args.shell:
+        code, divergence = asyncio.run(replay.open_shell(run_dir, tid, k))
+        if divergence is not None:
+            err_console.print(f"[yellow]note:[/yellow] turn {divergence.turn} diverged on the way")
+        return 0 if code in (0, 130) else code
+    if args.policy:
+        from agentrl.inference.embedded import load_tokenizer
+        from agentrl.runner import make_policy
+
+        tokenizer = load_tokenizer()
+        sampler = make_policy(args.policy, tokenizer)
+
+        async def go() -> tuple[Trajectory, replay.Divergence | None]:
+            try:
+                return await replay.branch(run_dir, tid, k, sampler, tokenizer)
+            finally:
+                await sampler.close()
+
+        traj, divergence = asyncio.run(go())
+        if divergence is not None:
+            err_console.print(f"[yellow]note:[/yellow] turn {divergence.turn} diverged on the way")
+        console.print(
+            f"branch {traj.trajectory_id} (from turn {k} of {tid}): {traj.stop_reason.value}, "
+            f"reward {traj.reward}, {len(traj.turns)} turns -> {run_dir / replay.BRANCHES}"
+        )
+        return 0
+    report = asyncio.run(replay.replay(run_dir, tid, k))
+    where = f"snapshot {report.snapshot[:19]}" if report.snapshot else "a fresh INIT (no snapshot)"
+    console.print(
+        f"{tid}: restored before turn {report.restored_at} from {where}; "
+        f"replayed turns {report.replayed_turns}"
+    )
+    if report.divergence is None:
+        console.print(
+            f"[green]matched[/green]: every replayed observation equals the recorded one "
+            f"(reward recorded {report.reward_recorded}, replayed {report.reward_replayed})"
+        )
+        return 0
+    d = report.divergence
+    console.print(f"[red]diverged[/red] at turn {d.turn} ({d.tool or 'no tool call'}):")
+    console.print(d.diff, markup=False, highlight=False)
+    return 3
+
+
+def _cmd_failures(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from agentrl import replay
+
+    groups = replay.failures(args.run_dir)
+    if not groups:
+        console.print(f"no failed episodes in {args.run_dir}")
+        return 0
+    table = Table(title=f"failed episodes in {args.run_dir}")
+    for col in ("#", "stop reason", "outcome", "episodes", "for example"):
+        table.add_column(col)
+    for n, g in enumerate(groups, 1):
+        first = g.trajectories[0].trajectory_id
+        table.add_row(str(n), g.stop_reason, g.outcome, str(len(g.trajectories)), first)
+    console.print(table)
+    for n, g in enumerate(groups, 1):
+        shown = g.trajectories if args.all else g.trajectories[:1]
+        for t in shown:  # whole lines, never wrapped: they are for copying
+            console.print(f"#{n}  agentrl replay {args.run_dir} {t.trajectory_id}", markup=False)
+    failed = [t for g in groups for t in g.trajectories]
+    kept = replay.snapshot_ids(failed)
+    if kept:
+        from agentrl.runner import read_run_info
+        from agentrl.sandbox import provider
+
+        sandboxes = provider(read_run_info(args.run_dir).provider)
+        size = sum(asyncio.run(_sizes(sandboxes, kept)))
+        console.print(f"snapshots of these episodes: {len(kept)}, {_bytes(size)} on disk")
+    return 0
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+async def _sizes(sandboxes: SandboxProvider, ids: list[str]) -> list[int]:
+    return [await sandboxes.snapshot_bytes(i) for i in ids]
+
+
 def _print_first_conversation(path: Path, chars: int = 400) -> None:
     import json
 
@@ -164,7 +266,11 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     what = f"run {args.run}" if args.run else "dead runs"
     console.print(
         f"removed {report.containers} container(s)"
-        + (f" and {report.snapshots} snapshot image(s)" if args.snapshots else "")
+        + (
+            f" and {report.snapshots} snapshot image(s) ({_bytes(report.snapshot_bytes)})"
+            if args.snapshots
+            else ""
+        )
         + f" of {what}"
     )
     return 0
@@ -336,7 +442,31 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dispatcher", default="pipeline", help="pipeline (default), batch, or sync")
     r.add_argument("--max-turns", type=int, help="override the task's limits.max_turns")
     r.add_argument("--max-new-tokens", type=int, help="override limits.max_new_tokens")
+    r.add_argument(
+        "--snapshots",
+        type=int,
+        metavar="K",
+        help="snapshot the sandbox after INIT and every K turns (0: off); overrides the task",
+    )
     r.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser(
+        "replay", help="restore a recorded episode's sandbox and act on its replies again"
+    )
+    rp.add_argument("run_dir", type=Path, help="a folder `agentrl run` or `agentrl train` wrote")
+    rp.add_argument("trajectory_id")
+    rp.add_argument("--from-turn", type=int, default=0, help="restore the state before turn K")
+    how = rp.add_mutually_exclusive_group()
+    how.add_argument("--shell", action="store_true", help="open a bash in the restored sandbox")
+    how.add_argument(
+        "--policy", help="let a policy continue from turn K (local, openai:URL, scripted:FILE)"
+    )
+    rp.set_defaults(func=_cmd_replay)
+
+    fl = sub.add_parser("failures", help="a run's failed episodes, grouped, with replay commands")
+    fl.add_argument("run_dir", type=Path)
+    fl.add_argument("--all", action="store_true", help="a replay command for every episode")
+    fl.set_defaults(func=_cmd_failures)
 
     t = sub.add_parser("train", help="train a model on tasks (the main job); see examples/")
     t.add_argument("config", type=Path, help="a train config YAML file")

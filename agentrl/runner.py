@@ -24,13 +24,14 @@ from agentrl.dispatch import make_dispatcher
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.registry import resolve
-from agentrl.tasks.spec import Task
+from agentrl.tasks.spec import SnapshotPolicy, Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.sandbox.base import SandboxProvider
+    from agentrl.tasks.env import TaskEnv
 
 
 class RunSummary(BaseModel):
@@ -53,6 +54,46 @@ class RunSummary(BaseModel):
     seconds: float
     gen_seconds: float
     tool_seconds: float
+
+
+class RunInfo(BaseModel):
+    """`run.json`: what a run folder needs to be replayed (`agentrl replay`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    provider: str
+    tasks: list[str]  # task files or folders, absolute
+
+
+RUN_INFO = "run.json"
+
+
+def write_run_info(out_dir: Path, info: RunInfo) -> None:
+    tasks = [str(Path(t).resolve()) for t in info.tasks]
+    tmp = out_dir / f"{RUN_INFO}.tmp"
+    tmp.write_text(json.dumps(info.model_copy(update={"tasks": tasks}).model_dump(), indent=2))
+    tmp.replace(out_dir / RUN_INFO)
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    path = run_dir / RUN_INFO
+    if not path.is_file():
+        raise ConfigError(
+            f"{run_dir} has no {RUN_INFO}",
+            fix="pass a folder that `agentrl run` or `agentrl train` wrote (this version or later)",
+        )
+    return RunInfo.model_validate_json(path.read_text())
+
+
+def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
+    """The task's runtime (TaskEnv, or the subclass its format names) for one run."""
+    from agentrl.tasks.env import TaskEnv
+
+    env_class = resolve({}, task.env, "task runtime")
+    if not (isinstance(env_class, type) and issubclass(env_class, TaskEnv)):
+        raise ConfigError(f"task runtime {task.env!r} is not a TaskEnv")
+    return env_class(task, provider, run_id)
 
 
 def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -> RunSummary:
@@ -129,19 +170,16 @@ async def run_task(
     concurrency: int = 4,
     dispatcher: str = "pipeline",
     show_progress: bool = True,
+    snapshots: SnapshotPolicy | None = None,
 ) -> RunSummary:
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out_dir / "trajectories.jsonl")
     conversations = out_dir / "conversations.jsonl"
-    from agentrl.tasks.env import TaskEnv
-
-    env_class = resolve({}, task.env, "task runtime")
-    if not (isinstance(env_class, type) and issubclass(env_class, TaskEnv)):
-        raise ConfigError(f"task runtime {task.env!r} is not a TaskEnv")
-    env = env_class(task, provider, run_id)
+    env = make_env(task, provider, run_id)
+    write_run_info(out_dir, RunInfo(run_id=run_id, provider=provider.name, tasks=[task.path]))
     episodes = [
-        Episode(task, inst, k, sampler, tokenizer, env)
+        Episode(task, inst, k, sampler, tokenizer, env, snapshots=snapshots)
         for inst in task.instances
         for k in range(samples)
     ]

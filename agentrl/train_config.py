@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentrl.algorithms import AdvantageConfig, LossConfig
 from agentrl.backends.fsdp import FSDPConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
+from agentrl.tasks.spec import SnapshotPolicy
 
 
 class _Model(BaseModel):
@@ -62,6 +63,9 @@ class TrainConfig(_Model):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     provider: Literal["docker", "local"] = "docker"
+    snapshots: SnapshotPolicy | None = Field(
+        default=None, description="sandbox snapshots for replay; default: each task's own"
+    )
     seed: int = Field(default=0, description="data order and the backend's RNGs")
 
     @model_validator(mode="after")

@@ -43,6 +43,7 @@ from agentrl.algorithms import compute_advantages, group_stats
 from agentrl.backends.base import samples_from
 from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.errors import ConfigError
+from agentrl.runner import RunInfo, make_env, write_run_info
 from agentrl.tasks.env import TaskEnv
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
@@ -128,6 +129,7 @@ class Trainer:
         show_progress: bool = True,
     ) -> None:
         self.config, self.tasks, self.out = config, list(tasks), out_dir
+        self.task_paths = [t.path for t in self.tasks]
         self.show_progress = show_progress
         self.train, self.held = split(self.tasks, config.eval.holdout_every)
         if not self.train or not self.held:
@@ -178,7 +180,7 @@ class Trainer:
         tokenizer = load_tokenizer()
         sampler = _sampler(cfg.model)
         provider = make_provider(cfg.provider)
-        envs = [TaskEnv(task, provider, self.run_id) for task in self.tasks]
+        envs = [make_env(task, provider, self.run_id) for task in self.tasks]
         start = 0
         try:
             if resume and (path := latest_checkpoint(self.ckpt_root)) is not None:
@@ -191,6 +193,8 @@ class Trainer:
                 )
             else:
                 self._fresh()
+            info = RunInfo(run_id=self.run_id, provider=provider.name, tasks=self.task_paths)
+            write_run_info(self.out, info)
             backend.publish(sampler)  # the sampler samples exactly the learner's weights
             self._board = _board(self.out / "tensorboard")
             return await self._loop(backend, sampler, tokenizer, envs, start)
@@ -269,6 +273,7 @@ class Trainer:
                 tokenizer,
                 envs[p.task],
                 scheduled_step=step,
+                snapshots=cfg.snapshots,
             )
             for p in prompts
             for k in range(n)
@@ -311,7 +316,15 @@ class Trainer:
         progress: Progress,
     ) -> dict[str, Any]:
         episodes = [
-            Episode(self.tasks[p.task], p.instance, j, sampler, tokenizer, envs[p.task])
+            Episode(
+                self.tasks[p.task],
+                p.instance,
+                j,
+                sampler,
+                tokenizer,
+                envs[p.task],
+                snapshots=self.config.snapshots,
+            )
             for p in self.held
             for j in range(self.config.eval.samples)
         ]

@@ -85,6 +85,9 @@ class EnvInfo(_Strict):
     provider: str | None = None
     task_hash: str | None = None
     init_attempts: int = Field(default=1, ge=1, description="INIT tries (infra errors retried)")
+    init_snapshot: str | None = Field(
+        default=None, description="sandbox snapshot after INIT, before the first turn"
+    )
 
 
 class Trajectory(_Strict):

@@ -383,5 +383,5 @@ def test_agentrl_gc_removes_what_a_killed_driver_left(run_id: str) -> None:
         check=False,
     )
     assert res.returncode == 0, res.stderr
-    assert f"removed 1 container(s) and 0 snapshot image(s) of run {run_id}" in res.stdout
+    assert f"removed 1 container(s) and 0 snapshot image(s) (0 B) of run {run_id}" in res.stdout
     assert _leftovers(run_id) == ([], [])

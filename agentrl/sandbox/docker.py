@@ -83,6 +83,7 @@ class GcReport(BaseModel):
 
     containers: int = 0
     snapshots: int = 0
+    snapshot_bytes: int = 0
 
 
 class DockerProvider:
@@ -116,15 +117,30 @@ class DockerProvider:
         """A new sandbox from a `snapshot()` image, with `spec`'s limits and labels."""
         return await self._launch(spec, snapshot_id)
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        """The snapshot layer's size (0 if the image is gone)."""
+        try:
+            return await asyncio.to_thread(snapshot_bytes, self.client, snapshot_id)
+        except NotFound:
+            return 0
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        """Remove a snapshot image; returns the bytes its layer held (0 if already gone)."""
+        return await asyncio.to_thread(_remove_snapshot, self.client, snapshot_id) or 0
+
     async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         async with self._starts:
             await self._rate.acquire()
-            task = asyncio.ensure_future(asyncio.to_thread(_create, self.client, spec, image))
+            start = _Start(self.client, spec, image)
+            task = asyncio.ensure_future(asyncio.to_thread(start.run))
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError:
-                # The thread still finishes the start; remove what it makes.
-                task.add_done_callback(_close_in_background)
+                # Whoever comes second removes the container: the starting thread if it is
+                # still starting, else this task, before the cancellation goes on.
+                made = start.abandon()
+                if made is not None:
+                    await asyncio.shield(asyncio.to_thread(made.close_now))
                 raise
 
 
@@ -530,9 +546,29 @@ def _remove(api: Any, container_id: str) -> None:
 _backstop = ExitBackstop()
 
 
-def _close_in_background(task: asyncio.Future[DockerSandbox]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        threading.Thread(target=task.result().close_now, name="agentrl-sandbox-close").start()
+class _Start:
+    """A container start in a worker thread that its caller may abandon (Ctrl-C): the
+    container is then removed, by the thread or by the caller, whichever is second."""
+
+    def __init__(self, client: docker.DockerClient, spec: SandboxSpec, image: str) -> None:
+        self.client, self.spec, self.image = client, spec, image
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._made: DockerSandbox | None = None
+
+    def run(self) -> DockerSandbox:
+        sandbox = _create(self.client, self.spec, self.image)
+        with self._lock:
+            abandoned, self._made = self._abandoned, sandbox
+        if abandoned:
+            sandbox.close_now()
+        return sandbox
+
+    def abandon(self) -> DockerSandbox | None:
+        """Mark the start abandoned; the sandbox if it already exists (the caller closes it)."""
+        with self._lock:
+            self._abandoned = True
+            return self._made
 
 
 def _owner_dead(labels: dict[str, str]) -> bool:
@@ -562,8 +598,10 @@ def remove_run(client: docker.DockerClient, run_id: str, *, snapshots: bool = Fa
     containers = client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"})
     for summary in containers:
         _remove(client.api, summary["Id"])
-    images = _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else 0
-    return GcReport(containers=len(containers), snapshots=images)
+    images, freed = (
+        _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else (0, 0)
+    )
+    return GcReport(containers=len(containers), snapshots=images, snapshot_bytes=freed)
 
 
 def gc(
@@ -578,7 +616,7 @@ def gc(
     client = client or docker_client()
     try:
         containers = reap(client, run_id=run_id)
-        images = 0
+        images = freed = 0
         if snapshots:
             live_runs = {
                 (c.get("Labels") or {}).get(RUN)
@@ -589,24 +627,44 @@ def gc(
                 wanted = run_id is None or labels.get(RUN) == run_id
                 return wanted and _owner_dead(labels) and labels.get(RUN) not in live_runs
 
-            images = _remove_snapshots(client, dead)
-        return GcReport(containers=containers, snapshots=images)
+            images, freed = _remove_snapshots(client, dead)
+        return GcReport(containers=containers, snapshots=images, snapshot_bytes=freed)
     finally:
         if own:
             client.close()
 
 
-def _remove_snapshots(client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]) -> int:
-    removed = 0
+def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
+    """Disk the snapshot's own layer takes (its size less its parent image's)."""
+    info = client.api.inspect_image(snapshot_id)
+    parent = info.get("Parent")
+    base = client.api.inspect_image(parent)["Size"] if parent else 0
+    return max(0, int(info["Size"]) - int(base))
+
+
+def _remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None:
+    """Remove one snapshot image; the bytes freed, or None if nothing was removed."""
+    try:
+        size = snapshot_bytes(client, snapshot_id)
+        client.api.remove_image(snapshot_id, force=True)
+    except NotFound:
+        return None
+    except (DockerException, requests.RequestException) as exc:  # e.g. a child image uses it
+        log.warning("kept snapshot %s: %s", snapshot_id[:19], _first_line(exc))
+        return None
+    return size
+
+
+def _remove_snapshots(
+    client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]
+) -> tuple[int, int]:
+    """(images removed, bytes freed) of the snapshots whose labels `doomed` accepts."""
+    removed = freed = 0
     images = client.api.images(all=True, filters={"label": SNAPSHOT_OF})
     # Newest first: a snapshot of a restored snapshot is a child of the older image.
     for image in sorted(images, key=lambda i: i.get("Created", 0), reverse=True):
         if doomed(image.get("Labels") or {}):
-            try:
-                client.api.remove_image(image["Id"], force=True)
-                removed += 1
-            except NotFound:
-                pass
-            except (DockerException, requests.RequestException) as exc:
-                log.warning("kept snapshot %s: %s", image["Id"][:19], _first_line(exc))
-    return removed
+            size = _remove_snapshot(client, image["Id"])
+            if size is not None:
+                removed, freed = removed + 1, freed + size
+    return removed, freed

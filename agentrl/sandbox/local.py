@@ -52,6 +52,19 @@ def snapshots_dir() -> Path:
     return root / "snapshots" / "local"
 
 
+def _is_snapshot(snapshot_id: str) -> bool:
+    folder = snapshots_dir() / snapshot_id
+    return "/" not in snapshot_id and not snapshot_id.startswith(".") and folder.is_dir()
+
+
+def _tree_bytes(snapshot_id: str) -> int:
+    return sum(
+        (Path(top) / name).lstat().st_size
+        for top, _, files in os.walk(snapshots_dir() / snapshot_id)  # links not followed
+        for name in files
+    )
+
+
 class LocalProvider:
     """Starts `LocalSandbox`es; warns loudly, once per process, that they isolate nothing."""
 
@@ -66,9 +79,25 @@ class LocalProvider:
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec, Path(tempfile.mkdtemp(prefix="agentrl-local-")))
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        """Bytes of the files in a snapshot folder (0 if it is gone)."""
+        return await asyncio.to_thread(_tree_bytes, snapshot_id) if _is_snapshot(snapshot_id) else 0
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        """Delete a snapshot folder; returns the bytes its files held (0 if already gone)."""
+        if not _is_snapshot(snapshot_id):
+            return 0
+
+        def remove() -> int:
+            size = _tree_bytes(snapshot_id)
+            shutil.rmtree(snapshots_dir() / snapshot_id, ignore_errors=True)
+            return size
+
+        return await asyncio.to_thread(remove)
+
     async def restore(self, snapshot_id: str, spec: SandboxSpec) -> LocalSandbox:
         source = snapshots_dir() / snapshot_id
-        if "/" in snapshot_id or snapshot_id.startswith(".") or not source.is_dir():
+        if not _is_snapshot(snapshot_id):
             raise SandboxError(
                 f"no local snapshot {snapshot_id!r} in {snapshots_dir()}",
                 fix="pass an id that LocalSandbox.snapshot returned (with the same AGENTRL_CACHE)",

@@ -44,10 +44,10 @@ class TaskEnv:
         """The image `instance` starts from; importers with an image per instance override it."""
         return await self.image()
 
-    async def init(self, instance: Instance, name: str) -> Sandbox:
-        """A started sandbox with the task's files and setup in place, tests nowhere in it."""
+    async def spec(self, instance: Instance, name: str) -> SandboxSpec:
+        """The sandbox `instance`'s episodes start in: its image, the task's limits."""
         config = self.task.spec.sandbox
-        spec = SandboxSpec(
+        return SandboxSpec(
             image=await self.instance_image(instance),
             workdir=config.workdir,
             cpus=config.cpus,
@@ -57,7 +57,15 @@ class TaskEnv:
             run_id=self.run_id,
             name=name,
         )
-        sandbox = await self.provider.start(spec)
+
+    async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
+        """A sandbox as a snapshot of one of `instance`'s episodes left it."""
+        return await self.provider.restore(snapshot_id, await self.spec(instance, name))
+
+    async def init(self, instance: Instance, name: str) -> Sandbox:
+        """A started sandbox with the task's files and setup in place, tests nowhere in it."""
+        config = self.task.spec.sandbox
+        sandbox = await self.provider.start(await self.spec(instance, name))
         try:
             for dest, source in config.files.items():
                 await put_path(sandbox, self._local(source), dest)

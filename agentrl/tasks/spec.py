@@ -152,6 +152,23 @@ class SamplingDefaults(_Model):
         return stop
 
 
+class SnapshotPolicy(_Model):
+    """When RUN commits the sandbox, so that a failed episode can be replayed from a turn."""
+
+    every: int = Field(
+        default=0,
+        ge=0,
+        description="snapshot after INIT and after every k-th turn; 0 turns snapshots off",
+    )
+    keep_successful: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of successful episodes (full reward) whose snapshots are kept; "
+        "every other episode's are always kept",
+    )
+
+
 def _default_tools() -> list[str | ToolConfig]:
     return ["bash", "str_replace_editor", "finish"]
 
@@ -170,6 +187,7 @@ class TaskSpec(_Model):
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
     grader: Grader
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    snapshots: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
 
     def tool_configs(self) -> list[ToolConfig]:
         return [ToolConfig(name=t) if isinstance(t, str) else t for t in self.tools]

@@ -1,0 +1,342 @@
+"""Replay a recorded episode from its sandbox snapshots (`agentrl replay`, `agentrl failures`).
+
+An episode run with `snapshots.every: k` commits its sandbox after INIT
+(`env.init_snapshot`) and after every k-th turn (`turn.snapshot_id`): the state
+*before* turn K is the snapshot of turn K-1, or the INIT one for K = 0. To replay from
+turn K, the latest such snapshot at or before K is restored (turn J <= K; with no
+snapshot at all, INIT runs again) and the recorded replies of turns J..n are acted on
+again through the same tools. Each observation is compared with the recorded one; the
+first that differs is the divergence (turn, tool, and a diff). A branch instead lets a
+policy sample from turn K on: a new trajectory whose prefix is the original's, token
+for token.
+
+The bash tool's shell is new in a restored sandbox: state that lived only in the old
+shell (a `cd`, an exported variable) is not in a snapshot, which holds files only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.agent import Episode, act, build_tools, close_all, conversation
+from agentrl.errors import ConfigError
+from agentrl.runner import load_any_task, make_env, read_run_info
+from agentrl.tasks.spec import Instance, Task
+from agentrl.trajectory import Trajectory, TrajectoryStore, Turn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.inference.base import Sampler
+    from agentrl.sandbox.base import Sandbox, SandboxProvider
+    from agentrl.tasks.env import TaskEnv
+    from agentrl.tools.base import Tool
+
+log = logging.getLogger(__name__)
+
+BRANCHES = "branches.jsonl"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Divergence(_Frozen):
+    """The first turn whose replayed observation is not the recorded one."""
+
+    turn: int
+    tool: str | None
+    recorded: str
+    replayed: str
+    diff: str
+
+
+class ReplayReport(_Frozen):
+    trajectory_id: str
+    from_turn: int
+    restored_at: int  # the turn whose pre-state was restored (<= from_turn)
+    snapshot: str | None  # None: INIT ran again
+    replayed_turns: list[int]
+    divergence: Divergence | None
+    reward_recorded: float | None
+    reward_replayed: float | None
+
+    @property
+    def matched(self) -> bool:
+        return self.divergence is None
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """The trajectory files of a run folder: training/run episodes, evaluations, branches."""
+    files = [run_dir / "trajectories.jsonl", *sorted((run_dir / "eval").glob("*.jsonl"))]
+    return [f for f in [*files, run_dir / BRANCHES] if f.is_file()]
+
+
+def find_trajectory(run_dir: Path, trajectory_id: str) -> Trajectory:
+    for path in run_files(run_dir):
+        for traj in TrajectoryStore(path):
+            if traj.trajectory_id == trajectory_id:
+                return traj
+    raise ConfigError(
+        f"no trajectory {trajectory_id!r} in {run_dir}",
+        fix=f"list the failed ones with: agentrl failures {run_dir}",
+    )
+
+
+def restore_point(traj: Trajectory, turn: int) -> tuple[int, str | None]:
+    """(J, snapshot): the latest turn J <= `turn` whose pre-state was snapshotted."""
+    for j in range(turn, -1, -1):
+        snapshot = traj.env.init_snapshot if j == 0 else traj.turns[j - 1].snapshot_id
+        if snapshot:
+            return j, snapshot
+    return 0, None
+
+
+def executed(turn: Turn) -> bool:
+    """Whether the episode acted on this turn's reply (a reply cut off by a length limit
+    never ran, and an episode timeout can end a turn before its call)."""
+    return turn.finish_reason != "length" and (turn.tool_call is not None or turn.observation != "")
+
+
+class Session:
+    """A restored sandbox of one recorded episode, with the task's tools around it."""
+
+    def __init__(self, run_dir: Path, trajectory_id: str, provider: SandboxProvider | None = None):
+        from agentrl.sandbox import provider as make_provider
+
+        info = read_run_info(run_dir)
+        self.traj = find_trajectory(run_dir, trajectory_id)
+        self.task = _task_of(info.tasks, self.traj)
+        self.instance = _instance(self.task, self.traj.group_id)
+        self.provider = provider or make_provider(self.traj.env.provider or info.provider)
+        self.env: TaskEnv = make_env(self.task, self.provider, f"replay-{uuid.uuid4().hex[:8]}")
+        self.tools: dict[str, Tool] = build_tools(self.task)
+        self.sandbox: Sandbox | None = None
+
+    async def restore(self, turn: int) -> tuple[int, str | None]:
+        """Start the sandbox as it was before turn J <= `turn` (see `restore_point`)."""
+        n = len(self.traj.turns)
+        if not 0 <= turn < max(n, 1):
+            raise ConfigError(
+                f"trajectory {self.traj.trajectory_id} has turns 0..{n - 1}, not {turn}",
+                fix=f"pick --from-turn from 0 to {n - 1}",
+            )
+        j, snapshot = restore_point(self.traj, turn)
+        name = f"{self.traj.trajectory_id}-replay"
+        if snapshot is None:
+            self.sandbox = await self.env.init(self.instance, name=name)
+        else:
+            self.sandbox = await self.env.restore(self.instance, snapshot, name=name)
+        return j, snapshot
+
+    async def execute(self, i: int) -> Divergence | None:
+        """Act on turn i's recorded reply again; how the observation differs, if it does."""
+        assert self.sandbox is not None
+        turn = self.traj.turns[i]
+        fresh = Turn(action=turn.action, span=turn.span)
+        fmt = self.task.spec.prompt.action_format
+        text = (await act(turn.action, fmt, self.tools, self.sandbox, fresh)).text
+        if text == turn.observation:
+            return None
+        return Divergence(
+            turn=i,
+            tool=fresh.tool_call.name if fresh.tool_call else None,
+            recorded=turn.observation,
+            replayed=text,
+            diff=_diff(turn.observation, text),
+        )
+
+    async def close(self) -> None:
+        sandbox, self.sandbox = self.sandbox, None
+        await close_all(self.tools, sandbox)
+
+
+async def replay(
+    run_dir: Path,
+    trajectory_id: str,
+    from_turn: int = 0,
+    *,
+    provider: SandboxProvider | None = None,
+) -> ReplayReport:
+    """Restore the sandbox before `from_turn`, act on the recorded replies again, compare."""
+    session = Session(run_dir, trajectory_id, provider)
+    traj = session.traj
+    try:
+        j, snapshot = await session.restore(from_turn)
+        replayed: list[int] = []
+        divergence = None
+        for i in range(j, len(traj.turns)):
+            if not executed(traj.turns[i]):
+                continue
+            replayed.append(i)
+            divergence = await session.execute(i)
+            if divergence is not None:
+                break
+        reward = None
+        if divergence is None and session.sandbox is not None:
+            reward = (await session.env.evaluate(session.sandbox, session.instance)).reward
+    finally:
+        await session.close()
+    return ReplayReport(
+        trajectory_id=trajectory_id,
+        from_turn=from_turn,
+        restored_at=j,
+        snapshot=snapshot,
+        replayed_turns=replayed,
+        divergence=divergence,
+        reward_recorded=traj.reward,
+        reward_replayed=reward,
+    )
+
+
+async def restore_to(session: Session, turn: int) -> tuple[int, str | None, Divergence | None]:
+    """Restore, then act on turns J..turn-1 again so the sandbox is as it was before
+    `turn`; a divergence on the way means it may not be."""
+    j, snapshot = await session.restore(turn)
+    for i in range(j, turn):
+        if executed(session.traj.turns[i]) and (divergence := await session.execute(i)):
+            return j, snapshot, divergence
+    return j, snapshot, None
+
+
+async def branch(
+    run_dir: Path,
+    trajectory_id: str,
+    from_turn: int,
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    provider: SandboxProvider | None = None,
+) -> tuple[Trajectory, Divergence | None]:
+    """Let `sampler` continue the episode from turn `from_turn`, in the sandbox as it was
+    then; the new trajectory (appended to the run's branches.jsonl) keeps the original's
+    tokens, mask, logprobs and versions before that turn."""
+    session = Session(run_dir, trajectory_id, provider)
+    traj, task = session.traj, session.task
+    try:
+        _, _, divergence = await restore_to(session, from_turn)
+        await close_all(session.tools, None)  # the episode brings its own tools
+        episode = Episode(task, session.instance, 0, sampler, tokenizer, session.env)
+        episode.trajectory_id = f"{traj.trajectory_id}~{from_turn}-{uuid.uuid4().hex[:4]}"
+        episode.scheduled_step = traj.scheduled_step
+        episode.env_info = traj.env.model_copy()  # its INIT (and snapshot) was the original's
+        episode.chat = conversation(task, traj, tokenizer, upto=from_turn)
+        n = len(episode.chat.response_ids)
+        if traj.response_ids[:n] != episode.chat.response_ids:
+            raise ConfigError(
+                f"{trajectory_id}: its turn records no longer rebuild its tokens (was the "
+                "task's prompt or chat template changed since the run?)",
+                fix="branch from a run made with the task as it is now",
+            )
+        episode.ledger.logprobs = list(traj.logprobs[:n])
+        episode.ledger.versions = list(traj.token_versions[:n])
+        episode.ledger.turns = [t.model_copy() for t in traj.turns[:from_turn]]
+        episode.sandbox, session.sandbox = session.sandbox, None
+        try:
+            await episode.run()
+            await episode.evaluate()
+        finally:
+            await episode.close()
+        result = episode.result()
+    finally:
+        await session.close()
+    TrajectoryStore(run_dir / BRANCHES).append(result)
+    return result, divergence
+
+
+async def open_shell(
+    run_dir: Path, trajectory_id: str, from_turn: int, provider: SandboxProvider | None = None
+) -> tuple[int, Divergence | None]:
+    """An interactive bash in the sandbox as it was before `from_turn`; removed on exit."""
+    import subprocess
+
+    from agentrl.sandbox.docker import DockerSandbox
+    from agentrl.sandbox.local import LocalSandbox
+
+    session = Session(run_dir, trajectory_id, provider)
+    try:
+        _, _, divergence = await restore_to(session, from_turn)
+        sandbox = session.sandbox
+        workdir = session.task.spec.sandbox.workdir
+        if isinstance(sandbox, DockerSandbox):
+            argv, cwd = ["docker", "exec", "-it", "-w", workdir, sandbox.id, "bash"], None
+        elif isinstance(sandbox, LocalSandbox):
+            argv, cwd = ["bash"], str(sandbox.root)
+        else:
+            raise ConfigError(f"no interactive shell for {type(sandbox).__name__} sandboxes")
+        code = await asyncio.to_thread(subprocess.call, argv, cwd=cwd)
+    finally:
+        await session.close()
+    return code, divergence
+
+
+class FailureGroup(_Frozen):
+    stop_reason: str
+    outcome: str
+    trajectories: list[Trajectory]
+
+
+def failures(run_dir: Path) -> list[FailureGroup]:
+    """The run's episodes without full reward, grouped by stop reason and grader outcome,
+    largest group first."""
+    groups: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
+    for path in run_files(run_dir):
+        for traj in TrajectoryStore(path):
+            if traj.reward is not None and traj.reward >= 1.0:
+                continue
+            if traj.error:
+                outcome = traj.error.splitlines()[0][:80]
+            elif traj.reward is None:
+                outcome = "not graded"
+            else:
+                outcome = f"reward {traj.reward:g}"
+            groups[(traj.stop_reason.value, outcome)].append(traj)
+    return sorted(
+        (FailureGroup(stop_reason=s, outcome=o, trajectories=t) for (s, o), t in groups.items()),
+        key=lambda g: (-len(g.trajectories), g.stop_reason, g.outcome),
+    )
+
+
+def snapshot_ids(trajs: list[Trajectory]) -> list[str]:
+    ids = [t.env.init_snapshot for t in trajs] + [u.snapshot_id for t in trajs for u in t.turns]
+    return sorted({i for i in ids if i})
+
+
+def _diff(recorded: str, replayed: str) -> str:
+    lines = difflib.unified_diff(
+        recorded.splitlines(), replayed.splitlines(), "recorded", "replayed", lineterm=""
+    )
+    return "\n".join(lines)
+
+
+def _task_of(paths: list[str], traj: Trajectory) -> Task:
+    tasks = [load_any_task(p) for p in paths]
+    for task in tasks:
+        if task.spec.name == traj.task:
+            if traj.env.task_hash and task.hash != traj.env.task_hash:
+                log.warning(
+                    "task %s changed since the run (hash %s, recorded %s): replay may diverge",
+                    task.spec.name,
+                    task.hash,
+                    traj.env.task_hash,
+                )
+            return task
+    raise ConfigError(
+        f"the run's tasks ({', '.join(t.spec.name for t in tasks)}) do not include {traj.task!r}",
+        fix="check run.json in the run folder",
+    )
+
+
+def _instance(task: Task, instance_id: str) -> Instance:
+    for inst in task.instances:
+        if inst.id == instance_id:
+            return inst
+    raise ConfigError(f"task {task.spec.name} has no instance {instance_id!r} any more")

@@ -60,6 +60,10 @@ CASES: dict[str, list[str]] = {
     "bash_block_without_bash.yaml": [
         "11: prompt.action_format: bash_block runs its blocks in the bash tool: list bash under"
     ],
+    "bad_snapshots_and_stop.yaml": [
+        "31: sampling.stop: stop strings must not be empty",
+        "34: snapshots.keep_successful: should be less than or equal to 1, got 1.5",
+    ],
     "duplicate_ids.yaml": ["10: instances[1].id: duplicate id 'readme' (first on line 8)"],
     "instance_without_id.yaml": ["10: instances[1]: instance has no 'id'"],
     "instances_wrong_type.yaml": ["7: instances: should be a list or a string, got 5"],

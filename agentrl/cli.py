@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -334,7 +334,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from agentrl.tasks.load import TaskError, is_task_path, load_task
+    from agentrl.tasks.load import is_task_path, load_task
     from agentrl.trajectory import TrajectoryStore
 
     bad = 0
@@ -359,32 +359,30 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 console.print(f"{path}: {count} trajectories, all valid")
         elif path.suffix in (".yaml", ".yml") and _is_train_config(path):
             from agentrl.train_config import load_train_config
-            from agentrl.yamlfile import ConfigFileError
 
-            try:
-                config = load_train_config(path)
-            except ConfigFileError as e:
-                for problem in e.problems:
-                    err_console.print(str(problem), markup=False, emoji=False)
-                bad += 1
-            else:
-                console.print(f"{path}: ok (train config {config.name})", markup=False)
+            bad += not _check_config(path, lambda p: f"train config {load_train_config(p).name}")
         elif is_task_path(path):  # a .yaml/.yml task, or a task folder (load_task dispatches)
-            try:
-                task = load_task(path)
-            except TaskError as e:
-                for problem in e.problems:
-                    err_console.print(str(problem), markup=False, emoji=False)
-                bad += 1
-            else:
-                console.print(
-                    f"{path}: ok ({len(task.instances)} instances)", markup=False, emoji=False
-                )
+            bad += not _check_config(path, lambda p: f"{len(load_task(p).instances)} instances")
         else:
             what = "a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)"
             err_console.print(f"{path}: neither {what}", markup=False)
             bad += 1
     return 1 if bad else 0
+
+
+def _check_config(path: Path, load: Callable[[Path], str]) -> bool:
+    """Print `path: ok (what load(path) says it is)`, or each problem as file:line: field:
+    message; whether the file is valid."""
+    from agentrl.yamlfile import ConfigFileError
+
+    try:
+        what = load(path)
+    except ConfigFileError as e:  # TaskError included
+        for problem in e.problems:
+            err_console.print(str(problem), markup=False, emoji=False)
+        return False
+    console.print(f"{path}: ok ({what})", markup=False, emoji=False)
+    return True
 
 
 def _is_train_config(path: Path) -> bool:

@@ -75,19 +75,11 @@ class ScriptedSampler:
         self.calls[session_id] = n + 1
         ids = [*self.tokenizer.encode(reply, add_special_tokens=False), self.eos]
         # Stop strings end the reply where a model's would end: at the token completing one.
-        cut = (
-            next(
-                (
-                    i
-                    for i in range(1, len(ids))
-                    if any(stop in self.tokenizer.decode(ids[:i]) for stop in params.stop)
-                ),
-                None,
-            )
-            if params.stop
-            else None
-        )
-        ids = ids if cut is None else ids[:cut]
+        if params.stop:
+            for end in range(1, len(ids)):
+                if any(stop in self.tokenizer.decode(ids[:end]) for stop in params.stop):
+                    ids = ids[:end]
+                    break
         finish: FinishReason = "stop"
         if len(ids) > params.max_tokens:
             ids, finish = ids[: params.max_tokens], "length"

@@ -223,24 +223,27 @@ class CompletionServer:
         ids = c.token_ids
         stop_ids = set(r.stop_token_ids or ())
         stop_strings = [r.stop] if isinstance(r.stop, str) else list(r.stop or ())
-        with self._tokenizer_lock:
-            text = str(self.tokenizer.decode(ids, skip_special_tokens=r.skip_special_tokens))
-            tokens = self.tokenizer.convert_ids_to_tokens(ids) if r.logprobs is not None else []
         stopped_on: int | str | None = None
-        matches = [(text.find(stop), stop) for stop in stop_strings if stop in text]
-        if c.finish_reason == "stop" and matches:
-            # vLLM cuts the text at the stop string (after it if asked to include it);
-            # token_ids keep every sampled id, including the one that completed it.
-            at, stopped_on = min(matches)
-            text = text[: at + (len(stopped_on) if r.include_stop_str_in_output else 0)]
-        elif c.finish_reason == "stop" and ids:
+        text_ids = ids
+        if c.finish_reason == "stop" and ids:
             stopped_on = ids[-1]
             # vLLM leaves the stop token out of the text (never out of token_ids) unless asked.
             if not r.include_stop_str_in_output:
-                with self._tokenizer_lock:
-                    text = str(
-                        self.tokenizer.decode(ids[:-1], skip_special_tokens=r.skip_special_tokens)
-                    )
+                text_ids = ids[:-1]
+        with self._tokenizer_lock:
+            text = str(self.tokenizer.decode(text_ids, skip_special_tokens=r.skip_special_tokens))
+            tokens = self.tokenizer.convert_ids_to_tokens(ids) if r.logprobs is not None else []
+            full = (
+                str(self.tokenizer.decode(ids, skip_special_tokens=r.skip_special_tokens))
+                if stop_strings and c.finish_reason == "stop"
+                else ""
+            )
+        matches = [(full.find(stop), stop) for stop in stop_strings if stop in full]
+        if matches:
+            # It stopped on a string: vLLM cuts the text there (after it if asked to include
+            # it); token_ids keep every sampled id, including the one that completed it.
+            at, stopped_on = min(matches)
+            text = full[: at + (len(stopped_on) if r.include_stop_str_in_output else 0)]
         choice: dict[str, Any] = {
             "index": 0,
             "text": text,

@@ -69,11 +69,17 @@ class RunInfo(BaseModel):
 RUN_INFO = "run.json"
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and rename: never a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def write_run_info(out_dir: Path, info: RunInfo) -> None:
     tasks = [str(Path(t).resolve()) for t in info.tasks]
-    tmp = out_dir / f"{RUN_INFO}.tmp"
-    tmp.write_text(json.dumps(info.model_copy(update={"tasks": tasks}).model_dump(), indent=2))
-    tmp.replace(out_dir / RUN_INFO)
+    absolute = info.model_copy(update={"tasks": tasks})
+    write_atomic(out_dir / RUN_INFO, json.dumps(absolute.model_dump(), indent=2))
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
@@ -206,7 +212,5 @@ async def run_task(
                 mean = statistics.fmean([t.reward or 0.0 for t in done])
                 progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")
     summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
-    tmp = out_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary.model_dump(), indent=2) + "\n")
-    tmp.replace(out_dir / "summary.json")  # never a half-written summary
+    write_atomic(out_dir / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
     return summary

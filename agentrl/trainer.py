@@ -43,7 +43,7 @@ from agentrl.algorithms import compute_advantages, group_stats
 from agentrl.backends.base import samples_from
 from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.errors import ConfigError
-from agentrl.runner import RunInfo, make_env, write_run_info
+from agentrl.runner import RunInfo, make_env, write_atomic, write_run_info
 from agentrl.tasks.env import TaskEnv
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
@@ -392,11 +392,11 @@ class Trainer:
         if metrics.exists():
             rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             kept = [r for r in rows if r["step"] <= start]  # train rows count done steps
-            _rewrite(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+            write_atomic(metrics, "".join(json.dumps(r) + "\n" for r in kept))
         trajs = self.out / "trajectories.jsonl"
         if trajs.exists():
             kept_t = [t for t in TrajectoryStore(trajs) if t.scheduled_step < start]
-            _rewrite(trajs, "".join(t.to_json() + "\n" for t in kept_t))
+            write_atomic(trajs, "".join(t.to_json() + "\n" for t in kept_t))
 
     def _summary(self, seconds: float) -> dict[str, Any]:
         rows = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
@@ -412,7 +412,7 @@ class Trainer:
             "train_reward_last": train[-1]["reward_mean"] if train else None,
             "seconds": round(seconds, 1),
         }
-        _rewrite(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
 
@@ -427,12 +427,6 @@ def _board(folder: Path) -> Any:
 
 def _eval_view(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("step", "reward_mean", "reward_ci95", "pass_rate", "episodes")}
-
-
-def _rewrite(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # never a half-written file
 
 
 def _temperature(tasks: Sequence[Task]) -> float:

@@ -36,7 +36,9 @@ def control_group() -> dist.ProcessGroup:
     return group
 
 
-def _broadcast(call: tuple[str, tuple[Any, ...]] | None, group: dist.ProcessGroup) -> Any:
+def _broadcast(
+    call: tuple[str, tuple[Any, ...], dict[str, Any]] | None, group: dist.ProcessGroup
+) -> Any:
     box = [call]
     dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
@@ -49,8 +51,8 @@ class Leader:
         self.backend, self.group = backend, group
         self._closed = False
 
-    def _tell(self, name: str, *args: Any) -> None:
-        _broadcast((name, args), self.group)
+    def _tell(self, name: str, *args: Any, **kwargs: Any) -> None:
+        _broadcast((name, args, kwargs), self.group)
 
     def forward_backward(self, samples: list[Sample], loss: LossConfig) -> dict[str, float]:
         self._tell("forward_backward", samples, loss)
@@ -65,7 +67,7 @@ class Leader:
         return self.backend.publish(sampler)
 
     def save_checkpoint(self, root: Path, extra: dict[str, Any], *, step: int) -> Path:
-        self._tell("save_checkpoint", root, extra, step)
+        self._tell("save_checkpoint", root, extra, step=step)
         return self.backend.save_checkpoint(root, extra, step=step)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
@@ -84,13 +86,9 @@ def follow(backend: FSDPBackend, group: dist.ProcessGroup) -> int:
     """Make every call rank 0 announces, in order, until it says stop; returns how many."""
     calls = 0
     while True:
-        name, args = _broadcast(None, group)
+        name, args, kwargs = _broadcast(None, group)
         if name == _STOP:
             return calls
-        if name == "save_checkpoint":
-            root, extra, step = args
-            backend.save_checkpoint(root, extra, step=step)
-        else:
-            getattr(backend, name)(*args)
+        getattr(backend, name)(*args, **kwargs)
         calls += 1
         log.debug("rank %d: %s", dist.get_rank(), name)

@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
-from agentrl.inference.base import Sampler, SamplingParams
+from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import (
     BASH_BLOCK_HINT,
@@ -60,12 +60,11 @@ class _Ledger:
     versions: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
 
-    def sync(self, chat: ChatSession, sampled: tuple[list[float], int] | None = None) -> None:
+    def sync(self, chat: ChatSession, sampled: Completion | None = None) -> None:
         """Pad to the chat's length: observation tokens get 0.0 / -1, sampled get theirs."""
         if sampled is not None:
-            logprobs, version = sampled
-            self.logprobs += logprobs
-            self.versions += [version] * len(logprobs)
+            self.logprobs += sampled.logprobs
+            self.versions += sampled.token_versions
         gap = len(chat.response_ids) - len(self.logprobs)
         self.logprobs += [0.0] * gap
         self.versions += [-1] * gap
@@ -378,14 +377,20 @@ async def _react(episode: Episode, gate: Gate) -> None:
             gen_seconds = time.monotonic() - start
         begin = len(chat.response_ids)
         text = chat.add_sampled(completion.token_ids, completion.finish_reason)
-        ledger.sync(chat, (completion.logprobs, completion.policy_version))
+        ledger.sync(chat, completion)
         turn = Turn(
             action=text,
             span=(begin, len(chat.response_ids)),
             finish_reason=completion.finish_reason,
             gen_seconds=gen_seconds,
+            replica=completion.replica,
         )
         ledger.turns.append(turn)
+        if completion.finish_reason == "abort":  # cut off by the server: not the agent's doing
+            raise SamplerError(
+                f"the sampler aborted this reply after {len(completion.token_ids)} tokens",
+                fix="a server paused with mode=abort outside the router, or was shut down",
+            )
         if completion.finish_reason == "length":
             chat.close_turn()
             raise EpisodeEnd(

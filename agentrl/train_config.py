@@ -47,6 +47,26 @@ class EvalConfig(_Model):
     samples: int = Field(default=4, ge=1, description="episodes per held-out instance")
 
 
+class ServersConfig(_Model):
+    """Sample on vLLM-compatible servers behind the router instead of in-process."""
+
+    urls: list[str] = Field(
+        min_length=1, description="server base URLs (http://host:port), e.g. agentrl serve"
+    )
+    pause: Literal["abort", "wait", "keep"] = Field(
+        default="abort",
+        description="what in-flight requests do while weights are published (keep: only "
+        "with servers that report each token's version, such as agentrl serve)",
+    )
+    transfer: Literal["checkpoint", "gloo", "nccl"] = Field(
+        default="checkpoint",
+        description="checkpoint: a safetensors folder every server reloads (shared disk); "
+        "gloo: vLLM's weight-transfer protocol over gloo (agentrl serve); nccl: the same "
+        "with vLLM on GPUs",
+    )
+    request_timeout: float = Field(default=600.0, gt=0, description="seconds per completion")
+
+
 class CheckpointConfig(_Model):
     every: int = Field(default=0, ge=0, description="save every k steps (0: only at the end)")
     keep: int = Field(default=2, ge=1, description="complete checkpoints kept (newest)")
@@ -62,6 +82,9 @@ class TrainConfig(_Model):
     dispatcher: DispatchConfig = Field(default_factory=PipelineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    servers: ServersConfig | None = Field(
+        default=None, description="sampling servers (default: the in-process sampler)"
+    )
     provider: Literal["docker", "local"] = "docker"
     snapshots: SnapshotPolicy | None = Field(
         default=None, description="sandbox snapshots for replay; default: each task's own"

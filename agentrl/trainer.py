@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from agentrl.backends.fsdp import FSDPBackend
     from agentrl.backends.ranks import Leader
     from agentrl.inference.local import LocalSampler
+    from agentrl.inference.router import Router
     from agentrl.tasks.spec import Instance, Task
     from agentrl.train_config import TrainConfig
 
@@ -178,7 +179,7 @@ class Trainer:
 
         cfg = self.config
         tokenizer = load_tokenizer()
-        sampler = _sampler(cfg.model)
+        sampler = _sampler(cfg, self.out)
         provider = make_provider(cfg.provider)
         envs = [make_env(task, provider, self.run_id) for task in self.tasks]
         start = 0
@@ -210,7 +211,7 @@ class Trainer:
     async def _loop(
         self,
         backend: FSDPBackend | Leader,
-        sampler: LocalSampler,
+        sampler: LocalSampler | Router,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
         start: int,
@@ -252,7 +253,7 @@ class Trainer:
         self,
         step: int,
         backend: FSDPBackend | Leader,
-        sampler: LocalSampler,
+        sampler: LocalSampler | Router,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
         progress: Progress,
@@ -304,13 +305,17 @@ class Trainer:
         row.update(
             rollout_s=round(t1 - t0, 2), train_s=round(t2 - t1, 2), publish_s=round(t3 - t2, 2)
         )
+        from agentrl.inference.router import Router
+
+        if isinstance(sampler, Router):  # which replica serves which version
+            row["replicas"] = sampler.status()
         self._log(row)
         return row
 
     async def _evaluate(
         self,
         step: int,
-        sampler: LocalSampler,
+        sampler: LocalSampler | Router,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
         progress: Progress,
@@ -453,9 +458,21 @@ def _temperature(tasks: Sequence[Task]) -> float:
     return temp
 
 
-def _sampler(model: str) -> LocalSampler:
+def _sampler(cfg: TrainConfig, out: Path) -> LocalSampler | Router:
     from agentrl.inference.local import LocalSampler
 
+    if cfg.servers is not None:
+        from agentrl.inference.router import Router
+
+        s = cfg.servers
+        return Router(
+            s.urls,
+            pause_mode=s.pause,
+            transfer=s.transfer,
+            publish_dir=out / "published",
+            request_timeout=s.request_timeout,
+        )
+    model = cfg.model
     if model == "embedded":
         return LocalSampler.embedded()
     from transformers import AutoModelForCausalLM, AutoTokenizer

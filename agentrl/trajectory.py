@@ -74,6 +74,7 @@ class Turn(_Strict):
     )
     gen_seconds: float = 0.0
     tool_seconds: float = 0.0
+    replica: str | None = Field(default=None, description="server that sampled the reply")
     snapshot_id: str | None = Field(default=None, description="sandbox snapshot after turn")
 
 

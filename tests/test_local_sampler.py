@@ -260,3 +260,98 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_survives(
             await local.close()
 
     assert len(asyncio.run(asyncio.wait_for(go(), timeout=60)).token_ids) >= 1
+
+
+# ---- pause / resume around a weight update (vLLM's three modes) ----------------------
+
+
+def _publish_during(
+    sampler: LocalSampler, prompts: list[list[int]], mode: str, max_tokens: int = 200
+) -> tuple[list[Completion], int, int, bool]:
+    """Start a batch, pause it with `mode`, publish the same weights as a new version,
+    resume; returns the completions, the old and new versions, and whether a request sent
+    while paused was still waiting when resume came."""
+    old = sampler.policy_version
+    new = old + 1
+    params = [SamplingParams(max_tokens=max_tokens, seed=i) for i in range(len(prompts))]
+
+    async def go() -> tuple[list[Completion], bool]:
+        tasks = [asyncio.create_task(sampler.generate(p, q)) for p, q in zip(prompts, params)]
+        await asyncio.sleep(0.4)  # the batch is decoding
+        await asyncio.to_thread(sampler.pause, mode)  # type: ignore[arg-type]
+        assert sampler.is_paused
+        late = asyncio.create_task(sampler.generate(prompts[0], SamplingParams(max_tokens=2)))
+        state = {k: v.clone() for k, v in sampler.model.state_dict().items()}
+        await asyncio.to_thread(sampler.update_weights, state, new)
+        await asyncio.sleep(0.2)
+        waited = not late.done()
+        sampler.resume()
+        done = await asyncio.gather(*tasks)
+        after = await late
+        assert after.token_versions == [new] * len(after.token_ids)  # sent while paused
+        return done, waited
+
+    done, waited = asyncio.run(go())
+    return done, old, new, waited
+
+
+def test_pause_keep_parks_the_batch_and_stamps_each_token_with_its_weights(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    done, old, new, waited = _publish_during(sampler, prompts[:3], "keep")
+    assert waited, "a request sent while paused must wait for resume"
+    assert all(c.finish_reason != "abort" for c in done)
+    spanning = [c for c in done if old in c.token_versions and new in c.token_versions]
+    assert spanning, "the update must land while the batch was parked mid-way"
+    # Parked between two steps: every row that was still decoding switches at one index.
+    switch = {c.token_versions.index(new) for c in spanning}
+    assert len(switch) == 1, switch
+    for c in done:
+        assert c.policy_version == old
+        assert c.token_versions == sorted(c.token_versions)
+
+
+def test_pause_abort_cuts_the_batch_with_the_old_version(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    done, old, _new, waited = _publish_during(sampler, prompts[:3], "abort")
+    assert waited
+    aborted = [c for c in done if c.finish_reason == "abort"]
+    assert aborted, "the running batch must end with finish_reason abort"
+    for c in aborted:
+        assert 0 < len(c.token_ids) < 200
+        assert c.token_versions == [old] * len(c.token_ids)
+
+
+def test_pause_wait_drains_the_batch_first(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    done, old, _new, waited = _publish_during(sampler, prompts[:2], "wait", max_tokens=40)
+    assert waited
+    for c in done:  # finished before the update: one version, never cut
+        assert c.finish_reason in ("stop", "length")
+        assert c.token_versions == [old] * len(c.token_ids)
+
+
+def test_load_weights_from_a_safetensors_folder(
+    sampler: LocalSampler, prompts: list[list[int]], tmp_path: pytest.TempPathFactory
+) -> None:
+    from agentrl.inference.weight_transfer import save_weights
+
+    original = {k: v.clone() for k, v in sampler.model.state_dict().items()}
+    changed = {k: v.clone() for k, v in original.items()}
+    changed["model.norm.weight"] *= 0.5
+    folder = save_weights(changed, tmp_path / "v1")  # type: ignore[operator]
+    # Tied embeddings are written once and filled back in on load.
+    assert sampler.model.config.tie_word_embeddings
+    version = sampler.policy_version + 1
+    try:
+        sampler.load_weights(folder, version)
+        loaded = sampler.model.state_dict()
+        assert torch.equal(loaded["model.norm.weight"], changed["model.norm.weight"])
+        assert torch.equal(loaded["lm_head.weight"], original["lm_head.weight"])
+        assert sampler.policy_version == version
+    finally:
+        sampler.update_weights(original, version + 1)
+    with pytest.raises(SamplerError, match="no .safetensors"):
+        sampler.load_weights(tmp_path, version + 2)  # type: ignore[arg-type]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -38,7 +38,35 @@ class Completion(BaseModel):
         description="log-prob of each sampled id under the distribution actually sampled from"
     )
     finish_reason: FinishReason
-    policy_version: int = Field(description="weights version that sampled every token here")
+    policy_version: int = Field(ge=0, description="weights version when sampling started")
+    token_versions: list[int] = Field(
+        default_factory=list,
+        description="weights version that sampled each token (default: policy_version for "
+        "all); a completion paused across a weight update holds two versions",
+    )
+    replica: str | None = Field(default=None, description="which server sampled it, if several")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("token_versions") is None:
+            ids, version = data.get("token_ids"), data.get("policy_version")
+            if isinstance(ids, list) and isinstance(version, int):
+                data = {**data, "token_versions": [version] * len(ids)}
+        return data
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.token_versions) != n:
+            raise ValueError(
+                f"{n} token ids, {len(self.logprobs)} logprobs, {len(self.token_versions)} "
+                "token versions: they must align"
+            )
+        versions = [self.policy_version, *self.token_versions]
+        if any(b < a for a, b in zip(versions, versions[1:], strict=False)):
+            raise ValueError(f"token versions must not go back: {self.token_versions}")
+        return self
 
 
 class Sampler(Protocol):

@@ -10,9 +10,13 @@ smallest set of most likely tokens whose mass reaches `top_p` and renormalises i
 reported logprob is that of the sampled token under exactly this distribution. With
 temperature 0 (greedy) the distribution is a point mass, so the logprob is 0.0.
 
-`update_weights` swaps in a trainer's new weights only between batches: the worker holds
-`_weights_lock` for a whole batch, so no batch ever decodes with mixed weights, and every
-batch that starts afterwards is stamped with the new policy version.
+`update_weights` swaps in a trainer's new weights between batches: the worker holds
+`_weights_lock` for a whole batch. `pause(mode)` is vLLM's: `abort` ends the running batch
+at the next step (finish_reason abort, the tokens so far returned), `wait` lets it finish,
+`keep` parks it between two steps and lets go of the weights, so an update can land
+mid-completion; the batch then decodes on under the new weights. Every sampled token is
+stamped with the version of the weights that produced it (`Completion.token_versions`).
+Requests that arrive while paused wait for `resume()`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import queue
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -33,6 +39,8 @@ from agentrl.errors import ConfigError, SamplerError
 from agentrl.inference.base import Completion, FinishReason, SamplingParams
 
 log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
 
 
 @dataclass
@@ -63,6 +71,7 @@ class _Row:
     generator: torch.Generator
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     searched: int = 0  # characters of decoded output already searched for stop strings
 
@@ -99,8 +108,13 @@ class LocalSampler:
         self.tokenizer = tokenizer
 
         self._lock = threading.Lock()
-        # Held by the worker for a whole batch; taken before _lock, never after it.
+        self._changed = threading.Condition(self._lock)  # pause, resume, batch start/end
+        # Held by the worker for a whole batch (except while parked by pause "keep");
+        # taken before _lock, never after it.
         self._weights_lock = threading.Lock()
+        self._pause_mode: PauseMode | None = None  # None: not paused
+        self._running = False  # a batch is decoding
+        self._parked = False  # the running batch waits between two steps (pause keep)
         self._policy_version = 0
         self._stats = SamplerStats()
         self._closed = False
@@ -161,6 +175,58 @@ class LocalSampler:
                 self.model.load_state_dict(state_dict, strict=True)
             self.set_policy_version(version)
 
+    def load_weights(self, path: str | Path, version: int) -> None:
+        """`update_weights` from a folder of safetensors files with the model's names.
+
+        A tied weight (one tensor under two names) may be saved under either name.
+        """
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise SamplerError(
+                f"{path} holds no .safetensors file",
+                fix="publish the weights there first (a checkpoint folder of the same model)",
+            )
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(file))
+        by_storage: dict[int, list[str]] = {}
+        for name, tensor in self.model.state_dict().items():
+            by_storage.setdefault(tensor.data_ptr(), []).append(name)
+        for names in by_storage.values():
+            saved = [n for n in names if n in state]
+            for name in names:
+                if name not in state and saved:
+                    state[name] = state[saved[0]]
+        self.update_weights(state, version)
+
+    def pause(self, mode: PauseMode = "abort") -> None:
+        """Stop generating until `resume()`; returns once no forward pass is running.
+
+        abort: the running batch ends at its next step with finish_reason "abort".
+        wait: the running batch finishes first. keep: it parks between two steps and
+        continues after resume(), under whatever weights are loaded then.
+        """
+        if mode not in ("abort", "wait", "keep"):
+            raise SamplerError(f"pause mode must be abort, wait or keep, not {mode!r}")
+        with self._changed:
+            self._pause_mode = mode
+            self._changed.notify_all()
+            while self._running and not self._parked and not self._stop.is_set():
+                self._changed.wait()
+
+    def resume(self) -> None:
+        """Undo `pause`: parked and waiting requests go on."""
+        with self._changed:
+            self._pause_mode = None
+            self._changed.notify_all()
+
+    @property
+    def is_paused(self) -> bool:
+        with self._lock:
+            return self._pause_mode is not None
+
     @property
     def stats(self) -> SamplerStats:
         """A snapshot of the counters."""
@@ -218,6 +284,8 @@ class LocalSampler:
             self._closed = True
             thread = self._thread
         self._stop.set()
+        with self._changed:
+            self._changed.notify_all()  # wake a paused or parked worker
         self._queue.put(None)  # wake a worker blocked on an empty queue
         if thread is not None:
             thread.join()
@@ -235,25 +303,40 @@ class LocalSampler:
             batch = self._take_batch()
             if not batch:
                 continue
-            if self._stop.is_set():
-                for request in batch:
-                    _settle(request, _closed_error())
-                return
+            with self._changed:  # a paused sampler starts no batch
+                while self._pause_mode is not None and not self._stop.is_set():
+                    self._changed.wait()
+                self._running = True
             try:
-                completions = self._run_batch(batch)
-            except _Closed:
-                for request in batch:
-                    _settle(request, _closed_error())
-                return
-            except Exception as exc:
-                log.exception("local sampler batch of %d failed", len(batch))
-                for request in batch:
-                    error = SamplerError(f"local sampler failed: {exc!r}")
-                    error.__cause__ = exc
-                    _settle(request, error)
-                continue
-            for request, completion in zip(batch, completions, strict=True):
-                _settle(request, completion)
+                if not self._run_or_settle(batch):
+                    return
+            finally:
+                with self._changed:
+                    self._running = False
+                    self._changed.notify_all()
+
+    def _run_or_settle(self, batch: list[_Request]) -> bool:
+        """Decode `batch` and settle every request; False once the sampler is closed."""
+        if self._stop.is_set():
+            for request in batch:
+                _settle(request, _closed_error())
+            return False
+        try:
+            completions = self._run_batch(batch)
+        except _Closed:
+            for request in batch:
+                _settle(request, _closed_error())
+            return False
+        except Exception as exc:
+            log.exception("local sampler batch of %d failed", len(batch))
+            for request in batch:
+                error = SamplerError(f"local sampler failed: {exc!r}")
+                error.__cause__ = exc
+                _settle(request, error)
+            return True
+        for request, completion in zip(batch, completions, strict=True):
+            _settle(request, completion)
+        return True
 
     def _take_batch(self) -> list[_Request]:
         first = self._queue.get()  # blocks until a request or the close() wake-up
@@ -274,7 +357,7 @@ class LocalSampler:
 
     def _decode(self, batch: list[_Request]) -> list[Completion]:
         with self._lock:
-            version = self._policy_version
+            first_version = self._policy_version
             self._stats.batches += 1
             self._stats.requests += len(batch)
             self._stats.max_batch_size = max(self._stats.max_batch_size, len(batch))
@@ -302,12 +385,17 @@ class LocalSampler:
             logits_to_keep=1,
         )
         next_position_B = positions_B_T[:, -1] + 1
+        version = first_version
         while True:
-            next_ids_B = self._sample_step(rows, out.logits[:, -1, :])
+            next_ids_B = self._sample_step(rows, out.logits[:, -1, :], version)
             if all(row.finish_reason is not None for row in rows):
                 break
             if self._stop.is_set():
                 raise _Closed
+            if self._pause_point(rows):
+                break
+            with self._lock:
+                version = self._policy_version
             # Finished rows keep decoding padding; their outputs are ignored.
             mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(rows), 1))], dim=1)
             out = self.model(
@@ -327,7 +415,8 @@ class LocalSampler:
                 token_ids=row.token_ids,
                 logprobs=row.logprobs,
                 finish_reason=row.finish_reason or "length",
-                policy_version=version,
+                policy_version=first_version,
+                token_versions=row.versions,
             )
             for row in rows
         ]
@@ -347,7 +436,33 @@ class LocalSampler:
             generator=generator,
         )
 
-    def _sample_step(self, rows: list[_Row], logits_B_V: torch.Tensor) -> torch.Tensor:
+    def _pause_point(self, rows: list[_Row]) -> bool:
+        """Between two steps: obey a pause. True when the batch must end now (abort)."""
+        with self._changed:
+            mode = self._pause_mode
+            if mode is None or mode == "wait":
+                return False
+            if mode == "abort":
+                for row in rows:
+                    row.finish_reason = row.finish_reason or "abort"
+                return True
+            self._parked = True
+            self._changed.notify_all()
+        self._weights_lock.release()  # pause keep: an update may land now
+        try:
+            with self._changed:
+                while self._pause_mode is not None and not self._stop.is_set():
+                    self._changed.wait()
+                self._parked = False
+        finally:
+            self._weights_lock.acquire()
+        if self._stop.is_set():
+            raise _Closed
+        return False
+
+    def _sample_step(
+        self, rows: list[_Row], logits_B_V: torch.Tensor, version: int
+    ) -> torch.Tensor:
         """Sample one token per unfinished row; returns the ids to feed next (pad if done)."""
         # Greedy rows take the argmax; their 1.0 only avoids dividing by zero.
         temperatures_B = torch.tensor(
@@ -362,6 +477,7 @@ class LocalSampler:
             token, logprob = _sample(logprobs_V, row.request.params, row.generator)
             row.token_ids.append(token)
             row.logprobs.append(logprob)
+            row.versions.append(version)
             if token in row.stop_ids or self._stopped_on_string(row):
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= row.max_tokens:

@@ -37,6 +37,13 @@ SESSION_HEADER = "x-agentrl-session-id"
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+class ServerUnavailable(SamplerError):
+    """No completion came back: connection refused or reset, timeout, or HTTP 5xx.
+
+    Nothing sampled was seen, so sending the same request elsewhere is safe.
+    """
+
+
 @dataclass
 class OpenAISamplerStats:
     """Counters of what went over the wire."""
@@ -78,6 +85,7 @@ class _WireChoice(BaseModel):
     token_ids: list[int] | None = None
     logprobs: _WireLogprobs | None = None
     finish_reason: str | None = None
+    token_versions: list[int] | None = None  # agentrl serve's extension
 
 
 class _WireCompletion(BaseModel):
@@ -131,6 +139,9 @@ class OpenAISampler:
         if not prompt_ids:
             raise SamplerError("the prompt is empty", fix="pass at least one token id")
         self.stats.requests += 1
+        # A server that reports no version sampled under the one published when we sent:
+        # the router gates requests while it publishes, so that is exact.
+        sent_version = self._policy_version
         headers = {SESSION_HEADER: session_id} if session_id else None
         try:
             model = await self._model_name()
@@ -159,7 +170,9 @@ class OpenAISampler:
                     },
                 ),
             )
-            completion = self._parse(raw.content, raw.headers.get(POLICY_VERSION_HEADER))
+            completion = self._parse(
+                raw.content, raw.headers.get(POLICY_VERSION_HEADER), sent_version
+            )
         except SamplerError:
             self.stats.failures += 1
             raise
@@ -201,7 +214,7 @@ class OpenAISampler:
                     return await call()
         except openai.APIStatusError as e:
             if e.status_code >= 500:
-                raise SamplerError(
+                raise ServerUnavailable(
                     f"{self.base_url} answered {what} with HTTP {e.status_code} "
                     f"{attempts} time(s): {_server_message(e)}",
                     fix="look at the server's log; it failed while serving the request",
@@ -216,13 +229,13 @@ class OpenAISampler:
                 if isinstance(e, openai.APITimeoutError)
                 else _one_line(str(e.__cause__ or e.message))
             )
-            raise SamplerError(
+            raise ServerUnavailable(
                 f"no answer from {self.base_url} to {what} after {attempts} attempt(s): {reason}",
                 fix="start the server (agentrl serve, or vllm serve MODEL) and check the URL",
             ) from e
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
-    def _parse(self, body: bytes, version_header: str | None) -> Completion:
+    def _parse(self, body: bytes, version_header: str | None, sent_version: int) -> Completion:
         try:
             wire = _WireCompletion.model_validate_json(body)
         except ValidationError as e:
@@ -252,16 +265,28 @@ class OpenAISampler:
                 self.base_url,
                 f"finish_reason {choice.finish_reason!r} is not one of stop, length, abort",
             )
+        version = self._version_from(version_header, sent_version)
+        versions = choice.token_versions
+        if versions is not None and (
+            len(versions) != len(choice.token_ids)
+            or any(b < a for a, b in zip([version, *versions], versions, strict=False))
+        ):
+            raise _malformed(
+                self.base_url,
+                f"token_versions {versions[:8]} must align with the token ids and never go "
+                f"below the policy version {version} or back",
+            )
         return Completion(
             token_ids=choice.token_ids,
             logprobs=[float(lp) for lp in logprobs if lp is not None],
             finish_reason=finish,
-            policy_version=self._version_from(version_header),
+            policy_version=version,
+            token_versions=versions or [version] * len(choice.token_ids),
         )
 
-    def _version_from(self, header: str | None) -> int:
+    def _version_from(self, header: str | None, sent_version: int) -> int:
         if header is None:
-            return self._policy_version
+            return sent_version
         try:
             version = int(header)
         except ValueError:

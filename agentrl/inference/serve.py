@@ -1,8 +1,22 @@
-"""A small OpenAI-compatible completions server over any Sampler, from the stdlib alone.
+"""A small vLLM-compatible server over the local sampler, from the stdlib alone.
 
-It speaks the part of vLLM's `/v1/completions` that OpenAISampler uses (token ids in,
-`token_ids` + `logprobs.token_logprobs` out, the policy version in the
-`x-agentrl-policy-version` header), so the HTTP path runs here without a GPU. HTTP
+It speaks the part of vLLM's API that agentrl uses, so the HTTP path, the router and
+weight publication run here without a GPU:
+
+- `POST /v1/completions`: token ids in, `token_ids` + `logprobs.token_logprobs` out. The
+  policy version travels in the `x-agentrl-policy-version` header, and each sampled
+  token's version in `choices[0].token_versions` (an agentrl extension: vLLM sends
+  neither). `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`.
+- vLLM's dev-mode control routes: `POST /pause?mode=abort|wait|keep`, `/resume`,
+  `GET /is_paused`, `POST /sleep?level=1`, `/wake_up`, `GET /is_sleeping`,
+  `GET /weight_info`, `POST /update_weight_version`, `GET /get_world_size`, the
+  weight-transfer protocol (`/init_weight_transfer_engine`, `/start_weight_update`,
+  `/update_weights`, `/finish_weight_update`; received over gloo), and
+  `POST /collective_rpc` with method `reload_weights` (`kwargs.weights_path`: a folder of
+  safetensors). Weights change only while paused (HTTP 409 otherwise), so no token is
+  ever stamped with a version it was not sampled under.
+
+HTTP
 requests arrive on ThreadingHTTPServer threads; each hands its generate() to one
 asyncio loop in a background thread that owns the sampler, so concurrent requests
 reach a LocalSampler together and are batched. Unlike vLLM, which logs and ignores
@@ -19,19 +33,24 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentrl.errors import ConfigError, SamplerError
-from agentrl.inference.base import Completion, Sampler, SamplingParams
+from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import EMBEDDED_NAME
 from agentrl.inference.openai import POLICY_VERSION_HEADER
+from agentrl.inference.weight_transfer import GlooReceiver
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
+
+    from agentrl.inference.local import LocalSampler
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +95,7 @@ class CompletionServer:
 
     def __init__(
         self,
-        sampler: Sampler,
+        sampler: LocalSampler,
         tokenizer: PreTrainedTokenizerBase,
         host: str,
         port: int,
@@ -88,6 +107,10 @@ class CompletionServer:
         self.created = int(time.time())
         self._tokenizer_lock = threading.Lock()
         self._closed = threading.Event()
+        self._control = threading.Lock()  # one control operation at a time
+        self._sleeping = False
+        self._receiver = GlooReceiver()
+        self._incoming: dict[str, torch.Tensor] | None = None  # between start and finish
         try:
             self._httpd = _HTTPServer((host, port), _Handler, self)
         except OSError as e:
@@ -160,6 +183,144 @@ class CompletionServer:
         return self._response(request, completion), {
             POLICY_VERSION_HEADER: str(completion.policy_version)
         }
+
+    # ---- control: vLLM's dev-mode routes --------------------------------------------
+
+    def control(self, method: str, path: str, query: dict[str, str], body: bytes) -> object:
+        """Serve one control route; raises _HTTPError for a bad or unknown one."""
+        route = _CONTROL_ROUTES.get((method, path))
+        if route is None:
+            raise _HTTPError(404, f"no route {method} {path}")
+        data = _json_object(body) if method == "POST" else {}
+        with self._control:
+            try:
+                return route(self, query, data)
+            except SamplerError as e:
+                raise _HTTPError(400, str(e)) from e
+
+    def _pause(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        mode = query.get("mode", "abort")  # vLLM's default
+        if mode not in ("abort", "wait", "keep"):
+            raise _HTTPError(400, f"mode must be abort, wait or keep, not {mode!r}")
+        self.sampler.pause(cast(Any, mode))
+        return {"status": "paused"}
+
+    def _resume(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        if self._sleeping:
+            raise _HTTPError(409, "the server is asleep: POST /wake_up")
+        self.sampler.resume()
+        return {"status": "resumed"}
+
+    def _sleep(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        if query.get("level", "1") != "1":
+            raise _HTTPError(
+                400, "agentrl serve sleeps at level 1 only (the weights stay in CPU memory)"
+            )
+        self._pause({"mode": query.get("mode", "abort")}, data)
+        self._sleeping = True
+        return {"status": "sleeping"}
+
+    def _wake_up(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        self._sleeping = False
+        self.sampler.resume()
+        return {"status": "awake"}
+
+    def _weight_info(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        # token_versions: this server reports each token's version (pause mode keep is exact).
+        return {"weight_version": str(self.sampler.policy_version), "token_versions": True}
+
+    def _update_weight_version(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        version = _version(data.get("new_version"), "new_version")
+        self._require_paused("set the weight version")
+        self.sampler.set_policy_version(version)
+        return {"success": True, "new_version": str(version)}
+
+    def _collective_rpc(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        method, kwargs = data.get("method"), data.get("kwargs") or {}
+        if method != "reload_weights":
+            raise _HTTPError(400, f"collective_rpc: only method reload_weights, not {method!r}")
+        path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
+        if not isinstance(path, str):
+            raise _HTTPError(400, "reload_weights needs kwargs.weights_path (a folder)")
+        self._require_paused("reload weights")
+        # The version stays until /update_weight_version: nothing samples while paused.
+        self.sampler.load_weights(path, self.sampler.policy_version)
+        return {"results": [None]}
+
+    def _world_size(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        return {"world_size": 1}
+
+    def _init_transfer(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        init_info = data.get("init_info")
+        if not isinstance(init_info, dict):
+            raise _HTTPError(400, "Missing 'init_info' in request body")
+        self._receiver.init(init_info)
+        return {"message": "Weight transfer initialized"}
+
+    def _start_update(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        self._require_paused("start a weight update")
+        self._incoming = {}
+        return {"message": "Weight update started"}
+
+    def _update_weights(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        info = data.get("update_info")
+        if not isinstance(info, dict):
+            raise _HTTPError(400, "Missing 'update_info' in request body")
+        if self._incoming is None:
+            raise _HTTPError(409, "no weight update under way: POST /start_weight_update")
+        self._incoming.update(self._receiver.receive(info))
+        return {"message": "Weights updated"}
+
+    def _finish_update(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        if self._incoming is None:
+            raise _HTTPError(409, "no weight update under way: POST /start_weight_update")
+        incoming, self._incoming = self._incoming, None
+        raw = data.get("weight_version")
+        version = (
+            self.sampler.policy_version + 1 if raw is None else _version(raw, "weight_version")
+        )
+        self._require_paused("finish a weight update")
+        self.sampler.update_weights(incoming, version)  # all or nothing: checks every name
+        return {"message": "Weight update finished"}
+
+    def _require_paused(self, what: str) -> None:
+        if not self.sampler.is_paused:
+            raise _HTTPError(
+                409, f"cannot {what} while generating: POST /pause first (then /resume)"
+            )
+
+    def _tokenize(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        with self._tokenizer_lock:
+            if "messages" in data:
+                text = self.tokenizer.apply_chat_template(
+                    data["messages"],
+                    add_generation_prompt=bool(data.get("add_generation_prompt", True)),
+                    tokenize=False,
+                )
+                ids = self.tokenizer.encode(str(text), add_special_tokens=False)
+            elif isinstance(data.get("prompt"), str):
+                ids = self.tokenizer.encode(
+                    data["prompt"], add_special_tokens=bool(data.get("add_special_tokens", True))
+                )
+            else:
+                raise _HTTPError(400, "tokenize needs prompt (text) or messages")
+            tokens = [int(t) for t in cast(list[int], ids)]
+            strs = self.tokenizer.convert_ids_to_tokens(tokens)
+        return {
+            "count": len(tokens),
+            "max_model_len": self.sampler.context_length,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
+
+    def _detokenize(self, query: dict[str, str], data: dict[str, Any]) -> object:
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in tokens
+        ):
+            raise _HTTPError(400, "detokenize needs tokens (a list of ints)")
+        with self._tokenizer_lock:
+            return {"prompt": str(self.tokenizer.decode(tokens))}
 
     def _parse(self, body: bytes) -> CompletionRequest:
         try:
@@ -257,6 +418,7 @@ class CompletionServer:
             else None,
             "token_ids": ids if r.return_token_ids else None,
             "prompt_token_ids": r.prompt if r.return_token_ids else None,
+            "token_versions": c.token_versions,  # agentrl's extension
         }
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -272,8 +434,29 @@ class CompletionServer:
         }
 
 
+_Route = Callable[[CompletionServer, dict[str, str], dict[str, Any]], object]
+_CONTROL_ROUTES: dict[tuple[str, str], _Route] = {
+    ("POST", "/pause"): CompletionServer._pause,
+    ("POST", "/resume"): CompletionServer._resume,
+    ("GET", "/is_paused"): lambda app, q, d: {"is_paused": app.sampler.is_paused},
+    ("POST", "/sleep"): CompletionServer._sleep,
+    ("POST", "/wake_up"): CompletionServer._wake_up,
+    ("GET", "/is_sleeping"): lambda app, q, d: {"is_sleeping": app._sleeping},
+    ("GET", "/weight_info"): CompletionServer._weight_info,
+    ("POST", "/update_weight_version"): CompletionServer._update_weight_version,
+    ("POST", "/collective_rpc"): CompletionServer._collective_rpc,
+    ("GET", "/get_world_size"): CompletionServer._world_size,
+    ("POST", "/init_weight_transfer_engine"): CompletionServer._init_transfer,
+    ("POST", "/start_weight_update"): CompletionServer._start_update,
+    ("POST", "/update_weights"): CompletionServer._update_weights,
+    ("POST", "/finish_weight_update"): CompletionServer._finish_update,
+    ("POST", "/tokenize"): CompletionServer._tokenize,
+    ("POST", "/detokenize"): CompletionServer._detokenize,
+}
+
+
 def serve(
-    sampler: Sampler,
+    sampler: LocalSampler,
     tokenizer: PreTrainedTokenizerBase,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -312,7 +495,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models":
             self._json(200, self.app.models())
         else:
-            self._error(404, f"no route GET {path}")
+            self._control("GET", b"")
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
@@ -326,7 +509,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length)
         if path != "/v1/completions":
-            self._error(404, f"no route POST {path}")
+            self._control("POST", body)
             return
         try:
             payload, headers = self.app.complete(body)
@@ -338,12 +521,30 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, payload, headers)
 
+    def _control(self, method: str, body: bytes) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:
+            payload = self.app.control(method, parts.path.rstrip("/"), query, body)
+        except _HTTPError as e:
+            self._error(e.status, e.message)
+        except Exception as e:  # one failed control call, not a dead server
+            log.exception("%s %s failed", method, parts.path)
+            self._error(500, f"{type(e).__name__}: {e}")
+        else:
+            self._json(200, payload)
+
     def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload).encode()
         self._send(status, body, {"Content-Type": "application/json", **(headers or {})})
 
     def _error(self, status: int, message: str) -> None:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+        kind = {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            409: "ConflictError",
+            503: "ServiceUnavailableError",
+        }
         error = {"message": message, "type": kind.get(status, "InternalServerError")}
         self._json(status, {"error": {**error, "param": None, "code": status}})
 
@@ -364,6 +565,28 @@ async def _cancel_other_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _HTTPError(400, f"the body is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise _HTTPError(400, "the body must be a JSON object")
+    return data
+
+
+def _version(value: object, field: str) -> int:
+    try:
+        version = int(str(value).removeprefix("v"))
+    except ValueError:
+        version = -1
+    if version < 0:
+        raise _HTTPError(400, f"{field} must be a non-negative integer, got {value!r}")
+    return version
 
 
 def _validation_message(e: ValidationError) -> str:

@@ -1,0 +1,258 @@
+"""Moving a trainer's weights into serving replicas, two ways.
+
+- **checkpoint**: the trainer writes a folder of safetensors files (atomically: a
+  temporary folder, then a rename) and every replica reloads from that path. Works
+  anywhere the replicas can read the folder; costs a disk round trip.
+- **collective**: vLLM's weight-transfer protocol. The trainer is rank 0 of a process
+  group of its own with every replica (ranks 1..N), set up once through
+  `POST /init_weight_transfer_engine`; each update then announces the tensors' names,
+  dtypes and shapes in `POST /update_weights` while the trainer broadcasts them in that
+  order. On a GPU node that is NCCL through vLLM's own trainer helpers
+  (`VLLMNCCLTransport`, needs the `vllm` extra); `agentrl serve` receives over gloo
+  (`GlooTransport` / `GlooReceiver`), so the same protocol runs on a CPU machine.
+
+The HTTP side of both lives in the router's control plane (`router.py`); this module
+holds only what moves tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from agentrl.errors import ConfigError, SamplerError
+
+CHUNK_BYTES = 256 << 20  # tensors announced per /update_weights call (about)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float32 -> "float32" (vLLM's dtype_names)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def save_weights(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
+    """Write `state` to `folder`/model.safetensors atomically; returns `folder`.
+
+    A tensor that shares storage with one already written (tied embeddings) is written
+    once; `LocalSampler.load_weights` fills the twin back in.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        seen: set[tuple[int, int]] = set()
+        unique: dict[str, torch.Tensor] = {}
+        for name, tensor in state.items():
+            key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()))
+            if key in seen:
+                continue
+            seen.add(key)
+            unique[name] = tensor.detach().cpu().contiguous()
+        save_file(unique, str(tmp / "model.safetensors"))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = CHUNK_BYTES) -> list[list[str]]:
+    """The names of `state` in order, cut into groups of about `chunk_bytes` each."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state.items():
+        n = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + n > chunk_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += n
+    return [g for g in groups if g]
+
+
+def update_info(
+    state: Mapping[str, torch.Tensor], names: list[str], packed: bool
+) -> dict[str, Any]:
+    """The body of one `POST /update_weights` for `names`."""
+    return {
+        "names": names,
+        "dtype_names": [dtype_name(state[n].dtype) for n in names],
+        "shapes": [list(state[n].shape) for n in names],
+        "packed": packed,
+    }
+
+
+class TrainerTransport(Protocol):
+    """The trainer's end (rank 0) of the collective."""
+
+    backend: str  # what the replicas must have been started with
+    packed: bool  # announced in update_info
+
+    def init(self, master_address: str, master_port: int, world_size: int) -> None:
+        """Join the group as rank 0; blocks until every replica has joined."""
+        ...
+
+    def send(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Broadcast `tensors` in order (the order of the names announced)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _GlooGroup:
+    """A gloo process group apart from torch.distributed's default one."""
+
+    def __init__(
+        self, address: str, port: int, rank: int, world_size: int, timeout_s: float
+    ) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = torch.distributed.TCPStore(
+            address,
+            port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        gloo: Any = torch.distributed.ProcessGroupGloo  # _Options is not in the stubs
+        options = gloo._Options()
+        options._timeout = timeout
+        options._devices = [gloo.create_device(hostname=address)]
+        self.group: Any = gloo(self.store, rank, world_size, options)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast(tensor, 0).wait()
+
+
+class GlooTransport:
+    """Rank 0 over gloo, for `agentrl serve` replicas (CPU, this host or a reachable one)."""
+
+    backend = "gloo"
+    packed = False
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+        self._group: _GlooGroup | None = None
+
+    def init(self, master_address: str, master_port: int, world_size: int) -> None:
+        self._group = _GlooGroup(master_address, master_port, 0, world_size, self.timeout_s)
+
+    def send(self, tensors: Iterable[torch.Tensor]) -> None:
+        if self._group is None:
+            raise SamplerError("the gloo transport was not initialised")
+        for tensor in tensors:
+            self._group.broadcast(tensor.detach().cpu().contiguous())
+
+    def close(self) -> None:
+        self._group = None
+
+
+class VLLMNCCLTransport:
+    """Rank 0 over NCCL with vLLM's own trainer helpers (GPU node; `pip install agentrl[vllm]`).
+
+    Replicas must run `vllm serve ... --weight-transfer-config '{"backend":"nccl"}'` with
+    VLLM_SERVER_DEV_MODE=1. Not exercised by the CPU test suite (it needs GPUs).
+    """
+
+    backend = "nccl"
+    packed = True
+
+    def __init__(self) -> None:
+        try:
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+        except ImportError as e:
+            raise ConfigError(
+                "the nccl weight transfer needs vLLM on the trainer side",
+                fix="pip install 'agentrl[vllm]' on the GPU node, or use transfer: checkpoint",
+            ) from e
+        self._engine = NCCLWeightTransferEngine
+        self._group: Any = None
+
+    def init(self, master_address: str, master_port: int, world_size: int) -> None:
+        self._group = self._engine.trainer_init(
+            {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+        )
+
+    def send(self, tensors: Iterable[torch.Tensor]) -> None:
+        device = torch.device("cuda", torch.cuda.current_device())
+        self._engine.trainer_send_weights(
+            (("", t.to(device, non_blocking=True)) for t in tensors),
+            {"group": self._group, "packed": True},
+        )
+
+    def close(self) -> None:
+        self._group = None
+
+
+def make_transport(kind: str) -> TrainerTransport:
+    if kind == "gloo":
+        return GlooTransport()
+    if kind == "nccl":
+        return VLLMNCCLTransport()
+    raise ConfigError(f"unknown collective backend {kind!r}", fix="use gloo or nccl")
+
+
+class GlooReceiver:
+    """A replica's end of the gloo collective (`agentrl serve`)."""
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+        self._group: _GlooGroup | None = None
+
+    def init(self, init_info: Mapping[str, Any]) -> None:
+        """vLLM's init_info: master_address, master_port, rank_offset, world_size."""
+        try:
+            address = str(init_info["master_address"])
+            port = int(init_info["master_port"])
+            rank = int(init_info["rank_offset"])
+            world = int(init_info["world_size"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SamplerError(
+                f"init_info needs master_address, master_port, rank_offset, world_size: {e}"
+            ) from e
+        if not 0 < rank < world:
+            raise SamplerError(f"rank_offset {rank} must lie in 1..{world - 1}")
+        self._group = _GlooGroup(address, port, rank, world, self.timeout_s)
+
+    def receive(self, info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Receive the tensors `info` announces (vLLM's update_info, packed false)."""
+        if self._group is None:
+            raise SamplerError("no weight transfer group: POST /init_weight_transfer_engine first")
+        if info.get("packed"):
+            raise SamplerError("agentrl serve receives unpacked tensors only (packed: false)")
+        names, dtypes, shapes = info.get("names"), info.get("dtype_names"), info.get("shapes")
+        if not (
+            isinstance(names, list)
+            and isinstance(dtypes, list)
+            and isinstance(shapes, list)
+            and len(names) == len(dtypes) == len(shapes)
+        ):
+            raise SamplerError("update_info needs names, dtype_names and shapes of one length")
+        out: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+            kind = getattr(torch, str(dtype), None)
+            if not isinstance(kind, torch.dtype):
+                raise SamplerError(f"{name}: unknown dtype {dtype!r}")
+            tensor = torch.empty([int(x) for x in shape], dtype=kind)
+            self._group.broadcast(tensor)
+            out[str(name)] = tensor
+        return out
+
+    def close(self) -> None:
+        self._group = None

@@ -122,6 +122,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.steps:
         schedule = config.schedule.model_copy(update={"steps": args.steps})
         config = config.model_copy(update={"schedule": schedule})
+    if args.servers:
+        from agentrl.train_config import ServersConfig
+
+        urls = [u for u in args.servers.split(",") if u.strip()]
+        servers = config.servers or ServersConfig(urls=urls)
+        config = config.model_copy(update={"servers": servers.model_copy(update={"urls": urls})})
     if args.seed is not None:
         config = config.model_copy(update={"seed": args.seed})
     base = args.config.parent
@@ -431,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a task's instances with a policy; trajectories + summary")
     r.add_argument("task", help="a task YAML file, or a Terminal-Bench / Harbor task folder")
     r.add_argument(
-        "--policy", default="local", help="local (the embedded model), openai:URL or scripted:FILE"
+        "--policy",
+        default="local",
+        help="local (the embedded model), openai:URL, router:URL,URL,... or scripted:FILE",
     )
     r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
@@ -473,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     t.add_argument("--steps", type=int, help="override schedule.steps")
     t.add_argument("--seed", type=int, help="override seed (data order, RNGs)")
+    t.add_argument(
+        "--servers",
+        help="sample on these servers (comma-separated URLs, e.g. agentrl serve replicas) "
+        "behind the router instead of in-process; overrides servers.urls",
+    )
     t.set_defaults(func=_cmd_train)
 
     g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")

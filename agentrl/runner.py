@@ -128,8 +128,9 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
 
 
 def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
-    """`local` (the embedded model), `scripted:FILE`, or `openai:URL` (a vLLM-compatible
-    server; `http://host:port` or `.../v1`, e.g. what `agentrl serve` prints)."""
+    """`local` (the embedded model), `scripted:FILE`, `openai:URL` (a vLLM-compatible
+    server; `http://host:port` or `.../v1`, e.g. what `agentrl serve` prints), or
+    `router:URL,URL,...` (several, sessions sticky to one)."""
     kind, _, arg = spec.partition(":")
     if kind == "local":
         from agentrl.inference.local import LocalSampler
@@ -143,9 +144,14 @@ def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
         from agentrl.inference.openai import OpenAISampler
 
         return OpenAISampler(arg)
+    if kind == "router" and arg:
+        from agentrl.inference.router import Router
+
+        return Router([u for u in arg.split(",") if u.strip()])
     raise ConfigError(
         f"unknown policy {spec!r}",
-        fix="use --policy local, --policy scripted:FILE or --policy openai:http://HOST:PORT",
+        fix="use --policy local, --policy scripted:FILE, --policy openai:http://HOST:PORT or "
+        "--policy router:http://HOST:PORT,http://HOST:PORT",
     )
 
 

@@ -323,9 +323,7 @@ def test_pause_abort_cuts_the_batch_with_the_old_version(
         assert c.token_versions == [old] * len(c.token_ids)
 
 
-def test_pause_wait_drains_the_batch_first(
-    sampler: LocalSampler, prompts: list[list[int]]
-) -> None:
+def test_pause_wait_drains_the_batch_first(sampler: LocalSampler, prompts: list[list[int]]) -> None:
     done, old, _new, waited = _publish_during(sampler, prompts[:2], "wait", max_tokens=40)
     assert waited
     for c in done:  # finished before the update: one version, never cut

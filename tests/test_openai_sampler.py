@@ -235,6 +235,79 @@ def test_server_validates_like_vllm(url: str, prompt: list[int]) -> None:
     assert body["usage"]["completion_tokens"] == 3 and body["object"] == "text_completion"
 
 
+def control(url: str, method: str, path: str, body: object = None) -> tuple[int, dict[str, Any]]:
+    """A control route of the server at `url` (.../v1): vLLM's live beside /v1."""
+    data = None if body is None else json.dumps(body).encode()
+    root = url.removesuffix("/v1")
+    req = urllib.request.Request(f"{root}{path}", data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as res:
+            return res.status, json.loads(res.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.model
+def test_control_routes_speak_vllm_dev_mode(
+    local: LocalSampler,
+    url: str,
+    prompt: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+) -> None:
+    from agentrl.inference.weight_transfer import save_weights
+
+    version = local.policy_version
+    assert control(url, "GET", "/weight_info") == (
+        200,
+        {"weight_version": str(version), "token_versions": True},
+    )
+    assert control(url, "GET", "/get_world_size") == (200, {"world_size": 1})
+    # Weights change only while paused: no token is stamped with the wrong version.
+    status, body = control(url, "POST", "/update_weight_version", {"new_version": "9"})
+    assert status == 409 and "POST /pause first" in body["error"]["message"]
+    status, body = control(url, "POST", "/start_weight_update")
+    assert status == 409
+    assert control(url, "POST", "/pause?mode=sideways")[0] == 400
+    assert control(url, "POST", "/pause?mode=keep") == (200, {"status": "paused"})
+    assert control(url, "GET", "/is_paused") == (200, {"is_paused": True})
+    folder = save_weights(local.model.state_dict(), tmp_path / "w")
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+    assert control(url, "POST", "/collective_rpc", rpc)[0] == 200
+    assert control(url, "POST", "/collective_rpc", {"method": "shutdown"})[0] == 400
+    missing = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "none")}}
+    status, body = control(url, "POST", "/collective_rpc", missing)
+    assert status == 400 and "no .safetensors" in body["error"]["message"]
+    new = version + 1
+    assert control(url, "POST", "/update_weight_version", {"new_version": str(new)})[0] == 200
+    status, body = control(url, "POST", "/finish_weight_update", {"weight_version": "3"})
+    assert status == 409 and "start_weight_update" in body["error"]["message"]
+    assert control(url, "POST", "/resume") == (200, {"status": "resumed"})
+    assert control(url, "GET", "/weight_info")[1]["weight_version"] == str(new)
+    status, body = post(url, {"prompt": prompt, "max_tokens": 3, "return_token_ids": True})
+    assert status == 200 and body["choices"][0]["token_versions"] == [new] * 3
+    # Sleep (level 1: pause and keep the weights); level 2 is not offered.
+    assert control(url, "POST", "/sleep?level=2")[0] == 400
+    assert control(url, "POST", "/sleep?level=1")[0] == 200
+    assert control(url, "GET", "/is_sleeping") == (200, {"is_sleeping": True})
+    assert control(url, "POST", "/resume")[0] == 409  # asleep: wake up first
+    assert control(url, "POST", "/wake_up")[0] == 200
+    assert control(url, "GET", "/is_paused") == (200, {"is_paused": False})
+    # Tokenizer routes.
+    status, body = control(url, "POST", "/tokenize", {"prompt": "hello world"})
+    assert status == 200 and body["tokens"] == tokenizer.encode("hello world")
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 8192
+    messages = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+    assert control(url, "POST", "/tokenize", {"messages": messages})[1]["tokens"] == prompt
+    assert control(url, "POST", "/detokenize", {"tokens": body["tokens"]}) == (
+        200,
+        {"prompt": "hello world"},
+    )
+    assert control(url, "POST", "/nope")[0] == 404
+    assert control(url, "POST", "/tokenize", {"x": 1})[0] == 400
+
+
 @pytest.mark.model
 def test_a_4xx_is_one_line_and_never_retried(url: str) -> None:
     async def go(sampler: OpenAISampler) -> None:

@@ -258,6 +258,23 @@ class Router:
     async def _start_health(self) -> asyncio.Task[None]:
         self._http = httpx2.AsyncClient(timeout=self.control_timeout)
         await self._refresh_capabilities()
+        # Start from what the servers serve; one that serves other weights gets no requests.
+        found = await self._versions()
+        known = [v for v in found.values() if isinstance(v, int)]
+        self._version = max(known, default=0)
+        for replica in self.replicas:
+            seen = found[replica.name]
+            if isinstance(seen, int):
+                replica.version = seen
+                replica.client.set_policy_version(self._version)
+            if isinstance(seen, str):
+                self._quarantine(
+                    replica,
+                    f"its weights version is {seen} (a vLLM server needs "
+                    "VLLM_SERVER_DEV_MODE=1 for the control routes)",
+                )
+            elif seen != self._version:
+                self._quarantine(replica, f"serves version {seen}, the others {self._version}")
         return asyncio.create_task(self._health_loop())
 
     async def _shutdown(self) -> None:
@@ -526,8 +543,9 @@ class Router:
             )
         async with self._publishing:
             start = time.monotonic()
-            # Every replica that answers takes part: a quarantined one that confirms
-            # this version is back in service.
+            # Every replica that answers takes part (one that was down is asked first): a
+            # quarantined one that confirms this version is back in service.
+            await asyncio.gather(*(self._check(r) for r in self.replicas if not r.healthy))
             targets = [r for r in self.replicas if r.healthy]
             failed: dict[str, str] = {}
             try:

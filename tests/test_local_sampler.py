@@ -276,7 +276,10 @@ def _publish_during(
     params = [SamplingParams(max_tokens=max_tokens, seed=i) for i in range(len(prompts))]
 
     async def go() -> tuple[list[Completion], bool]:
-        tasks = [asyncio.create_task(sampler.generate(p, q)) for p, q in zip(prompts, params)]
+        tasks = [
+            asyncio.create_task(sampler.generate(p, q))
+            for p, q in zip(prompts, params, strict=True)
+        ]
         await asyncio.sleep(0.4)  # the batch is decoding
         await asyncio.to_thread(sampler.pause, mode)  # type: ignore[arg-type]
         assert sampler.is_paused

@@ -1,13 +1,16 @@
 """The shipped training example, once per seed: does held-out reward rise every time?
 
-    .venv/bin/python benchmarks/train_seeds.py [--seeds 0 1 2] [--parallel 1]
+    .venv/bin/python benchmarks/train_seeds.py [--seeds 0 1 2] [--parallel 1] [--servers 2]
 
 Runs `agentrl train examples/train/shell-basics.yaml --seed S` for each seed (each
 ~13 min on 2 CPU cores), reads each run's summary.json and writes
 benchmarks/results/train_seeds.json: held-out reward before and after training with
 95% normal intervals, and the improvement with its interval (independent samples:
 half-width 1.96 * sqrt(se_before^2 + se_after^2)). `--parallel 2` runs two seeds at
-once (slower each, faster in all on 2 cores).
+once (slower each, faster in all on 2 cores). `--servers N` starts N `agentrl serve`
+replicas and samples on them through the router (`agentrl train --servers`), for
+comparison with the in-process sampler; results then go to train_seeds_served.json.
+Each run's per-step train reward is kept (`curve`), to compare learning curves.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -27,10 +31,12 @@ CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
 RESULTS = Path(__file__).parent / "results"
 
 
-def run(seed: int, out: Path) -> dict[str, Any]:
+def run(seed: int, out: Path, servers: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     cmd = [sys.executable, "-m", "agentrl.cli", "train", str(CONFIG), "--seed", str(seed)]
     cmd += ["--out", str(out), "--overwrite"]
+    if servers:
+        cmd += ["--servers", ",".join(servers)]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
@@ -39,6 +45,7 @@ def run(seed: int, out: Path) -> dict[str, Any]:
         raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((out / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     half = math.hypot(before["reward_ci95"], after["reward_ci95"])
     return {
         "seed": seed,
@@ -48,7 +55,34 @@ def run(seed: int, out: Path) -> dict[str, Any]:
         "improvement_ci95": round(half, 4),
         "improved_beyond_ci": after["reward_mean"] - before["reward_mean"] > half,
         "wall_s": round(time.monotonic() - started, 1),
+        "curve": [round(r["reward_mean"], 4) for r in rows if r["kind"] == "train"],
     }
+
+
+def start_servers(n: int, logs: Path) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """`n` agentrl serve processes on free loopback ports, up and healthy."""
+    import httpx2
+
+    procs, urls = [], []
+    logs.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with (logs / f"serve-{i}.log").open("wb") as log:
+            cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--port", str(port)]
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        urls.append(f"http://127.0.0.1:{port}")
+    for proc, url in zip(procs, urls, strict=True):
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{url} exited; see {logs}")
+            try:
+                if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                time.sleep(0.5)
+    return procs, urls
 
 
 def main() -> None:
@@ -56,14 +90,29 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "train-seeds")
-    parser.add_argument("--out", type=Path, default=RESULTS / "train_seeds.json")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--servers", type=int, default=0, help="sample on N agentrl serve")
     args = parser.parse_args()
-    with ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda s: run(s, args.runs / f"seed-{s}"), args.seeds))
-    report = {"config": str(CONFIG.relative_to(ROOT)), "parallel": args.parallel, "runs": rows}
+    name = "train_seeds_served" if args.servers else "train_seeds"
+    out = args.out or RESULTS / f"{name}.json"
+    runs = args.runs.with_name(args.runs.name + "-served") if args.servers else args.runs
+    procs, urls = start_servers(args.servers, runs / "serve-logs") if args.servers else ([], [])
+    try:
+        with ThreadPoolExecutor(args.parallel) as pool:
+            rows = list(pool.map(lambda s: run(s, runs / f"seed-{s}", urls), args.seeds))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    report = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "parallel": args.parallel,
+        "servers": args.servers,
+        "runs": rows,
+    }
     report["all_improved_beyond_ci"] = all(r["improved_beyond_ci"] for r in rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     for r in rows:
         print(
             f"seed {r['seed']}: held-out {r['before']['reward_mean']:.3f} -> "

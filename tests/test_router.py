@@ -354,3 +354,41 @@ def test_bad_router_input_fails_clearly() -> None:
             _gather(router, ([1, 2, 3], SamplingParams(max_tokens=2), "s"))
     finally:
         router.close_sync()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_sync_training_through_serve_replicas(servers: list[Server], tmp_path: Path) -> None:
+    """One step of the trainer tests' config, sampling on both replicas through the router."""
+    from agentrl.trajectory import TrajectoryStore
+
+    config = Path(__file__).parent / "data" / "train" / "train.yaml"
+    out = tmp_path / "run"
+    urls = ",".join(s.url for s in servers)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(config), "--out", str(out)]
+        + ["--steps", "1", "--servers", urls],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = next(r for r in rows if r["kind"] == "train")
+    # The learner scores exactly what the servers sampled: the first publication put the
+    # learner's weights into both replicas, bit for bit.
+    assert train["logprob_mismatch"] < 1e-3
+    start = train["policy_version"] - 1  # the version the run's first publication set
+    assert [r["version"] for r in train["replicas"]] == [start + 1] * 2
+    assert all(r["quarantined"] is None for r in train["replicas"])
+    trajs = [t for t in TrajectoryStore(out / "trajectories.jsonl") if t.scheduled_step == 0]
+    assert len(trajs) == 8
+    used = set()
+    for t in trajs:
+        replicas = {turn.replica for turn in t.turns}
+        assert len(replicas) <= 1  # every turn of a trajectory on one replica
+        used |= replicas
+        sampled = [v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
+        assert set(sampled) <= {start}
+    assert used == {s.url for s in servers}
+    assert not list((out / "published").iterdir())  # the router cleans up its folders

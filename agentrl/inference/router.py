@@ -307,6 +307,8 @@ class Router:
             try:
                 c = await replica.client.generate(prompt + ids, request, session)
             except ServerUnavailable as e:
+                if epoch != self._epoch or not self._open.is_set():
+                    continue  # vLLM answers 503 while paused: send it after the publication
                 self._mark_down(replica, str(e))
                 self.stats.failovers += 1
                 if session is not None:
@@ -624,7 +626,7 @@ class Router:
         live = [r for r in live if r.name not in failed]
         try:
             for names in chunks(state, self.chunk_bytes):
-                info = update_info(state, names, transport.packed)
+                info = update_info(state, names)
                 send = asyncio.to_thread(transport.send, [state[n] for n in names])
                 calls = self._fan(live, "POST", "/update_weights", json={"update_info": info})
                 _, chunk_failed = await asyncio.gather(send, calls)
@@ -671,6 +673,7 @@ class Router:
                         "master_port": port,
                         "rank_offset": offset,
                         "world_size": world,
+                        **transport.init_extras,
                     }
                 },
             )

@@ -7,7 +7,8 @@
   group of its own with every replica (ranks 1..N), set up once through
   `POST /init_weight_transfer_engine`; each update then announces the tensors' names,
   dtypes and shapes in `POST /update_weights` while the trainer broadcasts them in that
-  order. On a GPU node that is NCCL through vLLM's own trainer helpers
+  order (vLLM 0.33's routes and payloads). On a GPU node that is NCCL through vLLM's own
+  trainer helpers
   (`VLLMNCCLTransport`, needs the `vllm` extra); `agentrl serve` receives over gloo
   (`GlooTransport` / `GlooReceiver`), so the same protocol runs on a CPU machine.
 
@@ -86,15 +87,12 @@ def chunks(state: Mapping[str, torch.Tensor], chunk_bytes: int = CHUNK_BYTES) ->
     return [g for g in groups if g]
 
 
-def update_info(
-    state: Mapping[str, torch.Tensor], names: list[str], packed: bool
-) -> dict[str, Any]:
-    """The body of one `POST /update_weights` for `names`."""
+def update_info(state: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, Any]:
+    """The `update_info` of one `POST /update_weights` for `names`."""
     return {
         "names": names,
         "dtype_names": [dtype_name(state[n].dtype) for n in names],
         "shapes": [list(state[n].shape) for n in names],
-        "packed": packed,
     }
 
 
@@ -102,7 +100,7 @@ class TrainerTransport(Protocol):
     """The trainer's end (rank 0) of the collective."""
 
     backend: str  # what the replicas must have been started with
-    packed: bool  # announced in update_info
+    init_extras: dict[str, Any]  # wire parameters both ends must agree on (init_info)
 
     def init(self, master_address: str, master_port: int, world_size: int) -> None:
         """Join the group as rank 0; blocks until every replica has joined."""
@@ -144,7 +142,7 @@ class GlooTransport:
     """Rank 0 over gloo, for `agentrl serve` replicas (CPU, this host or a reachable one)."""
 
     backend = "gloo"
-    packed = False
+    init_extras: dict[str, Any] = {"packed": False}  # one broadcast per tensor
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
@@ -164,37 +162,37 @@ class GlooTransport:
 
 
 class VLLMNCCLTransport:
-    """Rank 0 over NCCL with vLLM's own trainer helpers (GPU node; `pip install agentrl[vllm]`).
+    """Rank 0 over NCCL with vLLM's own helpers (GPU node; `pip install agentrl[vllm]`).
 
-    Replicas must run `vllm serve ... --weight-transfer-config '{"backend":"nccl"}'` with
-    VLLM_SERVER_DEV_MODE=1. Not exercised by the CPU test suite (it needs GPUs).
+    Written against vLLM 0.33 (`nccl_common.trainer_init`, the packed broadcast
+    producer; packing is agreed in init_info). Replicas must run
+    `VLLM_SERVER_DEV_MODE=1 vllm serve ... --weight-transfer-config '{"backend":"nccl"}'`.
+    Not exercised by the CPU test suite: it needs GPUs.
     """
 
     backend = "nccl"
-    packed = True
+    init_extras: dict[str, Any] = {"packed": True}  # vLLM's default buffer geometry
 
     def __init__(self) -> None:
         try:
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+            from vllm.distributed.weight_transfer import nccl_common, packed_tensor
         except ImportError as e:
             raise ConfigError(
                 "the nccl weight transfer needs vLLM on the trainer side",
                 fix="pip install 'agentrl[vllm]' on the GPU node, or use transfer: checkpoint",
             ) from e
-        self._engine = NCCLWeightTransferEngine
+        self._open = nccl_common.trainer_init
+        self._produce = packed_tensor.packed_nccl_broadcast_producer
         self._group: Any = None
 
     def init(self, master_address: str, master_port: int, world_size: int) -> None:
-        self._group = self._engine.trainer_init(
-            {"master_address": master_address, "master_port": master_port, "world_size": world_size}
-        )
+        info = {"master_address": master_address, "master_port": master_port}
+        self._group = self._open({**info, "world_size": world_size})
 
     def send(self, tensors: Iterable[torch.Tensor]) -> None:
         device = torch.device("cuda", torch.cuda.current_device())
-        self._engine.trainer_send_weights(
-            (("", t.to(device, non_blocking=True)) for t in tensors),
-            {"group": self._group, "packed": True},
-        )
+        pairs = (("", t.to(device, non_blocking=True)) for t in tensors)
+        self._produce(pairs, self._group, 0, lambda item: item[1])
 
     def close(self) -> None:
         self._group = None
@@ -228,6 +226,8 @@ class GlooReceiver:
             ) from e
         if not 0 < rank < world:
             raise SamplerError(f"rank_offset {rank} must lie in 1..{world - 1}")
+        if init_info.get("packed"):
+            raise SamplerError("agentrl serve receives unpacked tensors only (packed: false)")
         self._group = _GlooGroup(address, port, rank, world, self.timeout_s)
 
     def receive(self, info: Mapping[str, Any]) -> dict[str, torch.Tensor]:

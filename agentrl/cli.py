@@ -529,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("urllib3", "docker", "filelock", "httpx", "transformers"):
+    for noisy in ("urllib3", "docker", "filelock", "httpx", "httpx2", "openai", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args))

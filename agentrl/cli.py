@@ -327,7 +327,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer()
     server, url = serve(sampler, tokenizer, port=args.port)
     console.print(f"serving {EMBEDDED_NAME} at {url}", markup=False)
-    console.print(f"use it with: agentrl run TASK --policy openai:{url}   (Ctrl-C stops)")
+    root = url.removesuffix("/v1")
+    console.print(
+        f"use it with: agentrl run TASK --policy openai:{url}, or as one of the replicas of "
+        f"agentrl train CONFIG --servers {root},...   (Ctrl-C stops)",
+        markup=False,
+    )
     try:
         while True:  # Ctrl-C, or SIGTERM via _terminate, ends the wait
             time.sleep(3600)

@@ -230,3 +230,33 @@ def test_no_container_is_left_behind() -> None:
     finally:
         client.close()
     assert left == []
+
+
+def test_a_reply_the_server_aborted_ends_the_episode_as_aborted(task: Task, tokenizer) -> None:
+    """A cut reply (finish_reason abort) that no router finished is never acted on."""
+    import threading
+    import time
+
+    from agentrl.inference.local import LocalSampler
+
+    limits = task.spec.limits.model_copy(update={"max_new_tokens": 400})
+    long = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    sampler = LocalSampler.embedded()
+
+    def pause_once_decoding() -> None:
+        while sampler.stats.batches == 0:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        sampler.pause("abort")  # what vLLM's POST /pause does by default
+
+    pauser = threading.Thread(target=pause_once_decoding)
+    pauser.start()
+    try:
+        traj = episode(long, tokenizer, sampler)
+    finally:
+        pauser.join()
+        sampler.resume()
+        asyncio.run(sampler.close())
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert "aborted this reply" in (traj.error or "")
+    assert traj.turns[-1].finish_reason == "abort" and traj.turns[-1].tool_call is None

@@ -91,12 +91,20 @@ class LocalSampler:
         pad_token_id: int | None = None,
         max_batch_size: int = 16,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        batch_window_s: float = 0.02,
     ) -> None:
-        """`tokenizer` (the model's) is needed only by requests with stop strings."""
+        """`tokenizer` (the model's) is needed only by requests with stop strings.
+
+        A batch takes every request that arrives within `batch_window_s` of the one
+        before it (static batching: a started batch takes no one in).
+        """
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_window_s < 0:
+            raise ConfigError(f"batch_window_s must be >= 0, got {batch_window_s}")
         self.model = model
         self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
         gen_config = model.generation_config
         eos = eos_token_ids if eos_token_ids is not None else _ids(gen_config.eos_token_id)
         self.eos_token_ids = frozenset(eos)
@@ -340,14 +348,19 @@ class LocalSampler:
 
     def _take_batch(self) -> list[_Request]:
         first = self._queue.get()  # blocks until a request or the close() wake-up
-        batch = [first] if first is not None else []
+        if first is None:
+            return []
+        batch = [first]
+        # Requests that arrive within the window of the one before join this batch: over
+        # HTTP a wave of concurrent requests lands spread over milliseconds.
         while len(batch) < self.max_batch_size:
             try:
-                request = self._queue.get_nowait()
+                request = self._queue.get(timeout=self.batch_window_s)
             except queue.Empty:
                 break
-            if request is not None:
-                batch.append(request)
+            if request is None:  # close() woke us
+                break
+            batch.append(request)
         return batch
 
     def _run_batch(self, batch: list[_Request]) -> list[Completion]:

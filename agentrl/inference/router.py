@@ -35,10 +35,11 @@ import collections
 import logging
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -212,11 +213,7 @@ class Router:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Publish `state_dict` as `version` to every replica (see the module doc)."""
-        self._call(self._publish(version, state=state_dict))
-
-    def reload(self, path: str | Path, version: int) -> None:
-        """Publish the checkpoint folder `path` (safetensors) as `version`."""
-        self._call(self._publish(version, folder=Path(path)))
+        self._call(self._publish(version, state_dict))
 
     def pause(self, mode: PauseMode | None = None) -> None:
         """Pause every replica (default: the router's pause mode); new requests wait."""
@@ -532,13 +529,7 @@ class Router:
     def _by_name(self, name: str) -> Replica:
         return next(r for r in self.replicas if r.name == name)
 
-    async def _publish(
-        self,
-        version: int,
-        *,
-        state: Mapping[str, torch.Tensor] | None = None,
-        folder: Path | None = None,
-    ) -> None:
+    async def _publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         if version <= self._version:
             raise SamplerError(
                 f"cannot publish version {version}: the replicas already serve {self._version}"
@@ -553,8 +544,8 @@ class Router:
             try:
                 failed |= await self._pause(self.pause_mode)
                 live = [r for r in targets if r.name not in failed]
-                if self.transfer == "checkpoint" or state is None:
-                    failed |= await self._by_checkpoint(live, version, state, folder)
+                if self.transfer == "checkpoint":
+                    failed |= await self._by_checkpoint(live, version, state)
                 else:
                     failed |= await self._by_collective(live, version, state)
                 confirmed = await self._versions()
@@ -583,24 +574,16 @@ class Router:
                 )
 
     async def _by_checkpoint(
-        self,
-        live: list[Replica],
-        version: int,
-        state: Mapping[str, torch.Tensor] | None,
-        folder: Path | None,
+        self, live: list[Replica], version: int, state: Mapping[str, torch.Tensor]
     ) -> dict[str, str]:
-        if folder is None:
-            assert state is not None
-            if self.publish_dir is None:
-                import tempfile
-
-                self.publish_dir = Path(tempfile.mkdtemp(prefix="agentrl-publish-"))
-            folder = self.publish_dir / f"v{version:06d}"
-            await asyncio.to_thread(save_weights, state, folder)
-            self._published.append(folder)
-            for old in self._published[:-2]:  # a replica reloads only the newest
-                shutil.rmtree(old, ignore_errors=True)
-            del self._published[:-2]
+        if self.publish_dir is None:
+            self.publish_dir = Path(tempfile.mkdtemp(prefix="agentrl-publish-"))
+        folder = self.publish_dir / f"v{version:06d}"
+        await asyncio.to_thread(save_weights, state, folder)
+        self._published.append(folder)
+        for old in self._published[:-2]:  # a replica reloads only the newest
+            shutil.rmtree(old, ignore_errors=True)
+        del self._published[:-2]
         failed = await self._fan(
             live,
             "POST",
@@ -698,9 +681,4 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def stats_report(router: Router) -> dict[str, Any]:
-    """Counters and per-replica state, for logs and run.json."""
-    return {**asdict(router.stats), "replicas": router.status()}
-
-
-__all__ = ["PauseMode", "Replica", "Router", "RouterStats", "Transfer", "stats_report"]
+__all__ = ["PauseMode", "Replica", "Router", "RouterStats", "Transfer"]

@@ -323,12 +323,7 @@ class CompletionServer:
             return {"prompt": str(self.tokenizer.decode(tokens))}
 
     def _parse(self, body: bytes) -> CompletionRequest:
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _HTTPError(400, f"the body is not JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise _HTTPError(400, "the body must be a JSON object")
+        data = _json_object(body)
         unknown = sorted(set(data) - set(CompletionRequest.model_fields))
         if unknown:
             raise _HTTPError(400, f"unknown fields: {', '.join(unknown)}")

@@ -266,7 +266,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_survives(
 
 
 def _publish_during(
-    sampler: LocalSampler, prompts: list[list[int]], mode: str, max_tokens: int = 200
+    sampler: LocalSampler, prompts: list[list[int]], mode: str, max_tokens: int = 80
 ) -> tuple[list[Completion], int, int, bool]:
     """Start a batch, pause it with `mode`, publish the same weights as a new version,
     resume; returns the completions, the old and new versions, and whether a request sent
@@ -280,7 +280,7 @@ def _publish_during(
             asyncio.create_task(sampler.generate(p, q))
             for p, q in zip(prompts, params, strict=True)
         ]
-        await asyncio.sleep(0.4)  # the batch is decoding
+        await asyncio.sleep(0.6)  # the batch is decoding
         await asyncio.to_thread(sampler.pause, mode)  # type: ignore[arg-type]
         assert sampler.is_paused
         late = asyncio.create_task(sampler.generate(prompts[0], SamplingParams(max_tokens=2)))
@@ -322,12 +322,12 @@ def test_pause_abort_cuts_the_batch_with_the_old_version(
     aborted = [c for c in done if c.finish_reason == "abort"]
     assert aborted, "the running batch must end with finish_reason abort"
     for c in aborted:
-        assert 0 < len(c.token_ids) < 200
+        assert 0 < len(c.token_ids) < 80
         assert c.token_versions == [old] * len(c.token_ids)
 
 
 def test_pause_wait_drains_the_batch_first(sampler: LocalSampler, prompts: list[list[int]]) -> None:
-    done, old, _new, waited = _publish_during(sampler, prompts[:2], "wait", max_tokens=40)
+    done, old, _new, waited = _publish_during(sampler, prompts[:2], "wait", max_tokens=24)
     assert waited
     for c in done:  # finished before the update: one version, never cut
         assert c.finish_reason in ("stop", "length")

@@ -541,11 +541,13 @@ class Router:
             await asyncio.gather(*(self._check(r) for r in self.replicas if not r.healthy))
             targets = [r for r in self.replicas if r.healthy]
             failed: dict[str, str] = {}
+            # Written before the pause: generation stops only while the replicas reload.
+            folder = await self._write(version, state) if self.transfer == "checkpoint" else None
             try:
                 failed |= await self._pause(self.pause_mode)
                 live = [r for r in targets if r.name not in failed]
-                if self.transfer == "checkpoint":
-                    failed |= await self._by_checkpoint(live, version, state)
+                if folder is not None:
+                    failed |= await self._reload(live, version, folder)
                 else:
                     failed |= await self._by_collective(live, version, state)
                 confirmed = await self._versions()
@@ -573,9 +575,7 @@ class Router:
                     fix="look at the servers' logs; restart them and publish again",
                 )
 
-    async def _by_checkpoint(
-        self, live: list[Replica], version: int, state: Mapping[str, torch.Tensor]
-    ) -> dict[str, str]:
+    async def _write(self, version: int, state: Mapping[str, torch.Tensor]) -> Path:
         if self.publish_dir is None:
             self.publish_dir = Path(tempfile.mkdtemp(prefix="agentrl-publish-"))
         folder = self.publish_dir / f"v{version:06d}"
@@ -584,6 +584,9 @@ class Router:
         for old in self._published[:-2]:  # a replica reloads only the newest
             shutil.rmtree(old, ignore_errors=True)
         del self._published[:-2]
+        return folder
+
+    async def _reload(self, live: list[Replica], version: int, folder: Path) -> dict[str, str]:
         failed = await self._fan(
             live,
             "POST",

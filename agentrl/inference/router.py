@@ -254,7 +254,6 @@ class Router:
 
     async def _start_health(self) -> asyncio.Task[None]:
         self._http = httpx2.AsyncClient(timeout=self.control_timeout)
-        await self._refresh_capabilities()
         # Start from what the servers serve; one that serves other weights gets no requests.
         found = await self._versions()
         known = [v for v in found.values() if isinstance(v, int)]
@@ -402,8 +401,7 @@ class Router:
             return
         # Back up: it may have restarted with other weights.
         try:
-            info = await self._request(replica, "GET", "/weight_info", timeout=5.0)
-            version = int(str(info.get("weight_version", "")).removeprefix("v"))
+            version = await self._weight_info(replica, timeout=5.0)
         except (_ControlError, ValueError) as e:
             self._quarantine(replica, f"came back but its version is unknown ({e})")
         else:
@@ -415,15 +413,15 @@ class Router:
         replica.healthy = True
         log.info("replica %s is up again", replica.name)
 
-    async def _refresh_capabilities(self) -> None:
-        async def one(replica: Replica) -> None:
-            try:
-                info = await self._request(replica, "GET", "/weight_info", timeout=10.0)
-                replica.token_versions = bool(info.get("token_versions"))
-            except _ControlError:
-                replica.token_versions = False
-
-        await asyncio.gather(*(one(r) for r in self.replicas))
+    async def _weight_info(self, replica: Replica, timeout: float) -> int:
+        """GET /weight_info: the version it serves; notes whether it stamps each token."""
+        try:
+            info = await self._request(replica, "GET", "/weight_info", timeout=timeout)
+        except _ControlError:
+            replica.token_versions = False
+            raise
+        replica.token_versions = bool(info.get("token_versions"))
+        return int(str(info.get("weight_version")).removeprefix("v"))
 
     async def _request(
         self,
@@ -479,7 +477,7 @@ class Router:
 
     async def _pause(self, mode: PauseMode) -> dict[str, str]:
         if mode == "keep":
-            await self._refresh_capabilities()
+            await self._versions()  # refreshes which replicas stamp each token
             blind = [r.name for r in self.replicas if r.healthy and not r.token_versions]
             if blind:
                 raise ConfigError(
@@ -516,10 +514,11 @@ class Router:
         self._open.set()
 
     async def _versions(self) -> dict[str, int | str]:
+        """Every replica's version (or why it is unknown); refreshes its capabilities."""
+
         async def one(replica: Replica) -> int | str:
             try:
-                info = await self._request(replica, "GET", "/weight_info", timeout=10.0)
-                return int(str(info.get("weight_version")).removeprefix("v"))
+                return await self._weight_info(replica, timeout=10.0)
             except (_ControlError, ValueError) as e:
                 return f"unknown: {e}"
 

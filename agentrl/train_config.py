@@ -37,6 +37,33 @@ class SyncSchedule(_Model):
     n_samples_per_prompt: int = Field(ge=1, description="episodes per prompt (a group)")
 
 
+class AsyncSchedule(_Model):
+    """Fully asynchronous: generation keeps producing groups into a bounded buffer while
+    the trainer consumes mini-batches of `prompts_per_step` groups (B).
+
+    At trainer step s admission keeps accepted + running <= (S + s) * B, so at most
+    B * (S + 1) groups are buffered or running; S = 0 never lets generation run ahead of
+    its update. A group may still be consumed more than S steps after it was scheduled
+    (a long episode): it is trained on, with a warning, and its lag recorded.
+    """
+
+    type: Literal["async"]
+    steps: int = Field(ge=1, description="trainer steps (one optimizer step each)")
+    prompts_per_step: int = Field(ge=1, description="groups per mini-batch (B)")
+    n_samples_per_prompt: int = Field(ge=1, description="episodes per prompt (a group)")
+    max_staleness_steps: int = Field(
+        default=1, ge=0, description="S: how many steps generation may run ahead of training"
+    )
+    filter_zero_variance: bool = Field(
+        default=True,
+        description="drop groups whose live episodes' rewards are all equal (no signal); "
+        "their prompts count as used and their admission slots are freed",
+    )
+    filter_tolerance: float = Field(
+        default=0.0, ge=0, description="rewards within this spread count as equal"
+    )
+
+
 class EvalConfig(_Model):
     holdout_every: int = Field(
         default=4, ge=2, description="every k-th instance of each task is held out for eval"
@@ -65,6 +92,14 @@ class ServersConfig(_Model):
         "with vLLM on GPUs",
     )
     request_timeout: float = Field(default=600.0, gt=0, description="seconds per completion")
+    clear_kv_cache: bool = Field(
+        default=False, description="reset every server's prefix cache after each publication"
+    )
+    cache_salt: bool = Field(
+        default=True,
+        description="salt prefix caches by weights version (vLLM cache_salt): no request "
+        "reuses KV blocks that older weights computed",
+    )
 
 
 class CheckpointConfig(_Model):
@@ -78,7 +113,7 @@ class TrainConfig(_Model):
     model: str = Field(default="embedded", description="'embedded' (SmolLM2-135M) or a model dir")
     backend: FSDPConfig = Field(default_factory=FSDPConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    schedule: SyncSchedule
+    schedule: SyncSchedule | AsyncSchedule = Field(discriminator="type")
     dispatcher: DispatchConfig = Field(default_factory=PipelineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -1,11 +1,24 @@
-"""`agentrl train`: the controller of the sync schedule.
+"""`agentrl train`: the controller of the sync and fully-async schedules.
 
-Each step: the next `prompts_per_step` training prompts (a seeded shuffle per epoch, so
-the order is a function of the seed and the step alone), `n_samples_per_prompt`
-episodes each through the configured dispatcher, advantages per group, one
-forward/backward over the batch and one optimizer step, then the new weights are
-published to the sampler (version v + 1). Held-out instances are evaluated before the
-first step, every `eval.every` steps and after the last one.
+sync, each step: the next `prompts_per_step` training prompts (a seeded shuffle per
+epoch, so the order is a function of the seed and the step alone),
+`n_samples_per_prompt` episodes each through the configured dispatcher, advantages per
+group, one forward/backward over the batch and one optimizer step, then the new weights
+are published to the sampler (version v + 1).
+
+async: one dispatcher run is fed groups for the whole run, admitted under the staleness
+budget (`agentrl.async_schedule`); the trainer takes mini-batches of finished groups
+while generation goes on, trains and publishes in a worker thread (the sampler pauses
+with in-flight requests kept, so a reply may span two versions: `token_versions` says
+which token came from which), then widens the budget by one step. Zero-variance groups
+are filtered. Trained and filtered prompt ids of the current epoch are checkpointed and
+skipped on resume. Each step row adds the lag of its groups (consumed - scheduled step),
+its sampled tokens by version age, the admission counters, and the idle fractions of
+trainer and sampler; `admission.jsonl` holds the counters over time and `async.png`
+plots them with the lag distribution.
+
+Held-out instances are evaluated before the first step, every `eval.every` steps and
+after the last one.
 
 Everything a run writes is in its output folder:
   metrics.jsonl        one line per step (and per evaluation), grep-able
@@ -14,12 +27,14 @@ Everything a run writes is in its output folder:
   checkpoints/step-N   atomic checkpoints; `--resume` continues from the newest
   reward.png           train reward per step and held-out reward with 95% intervals
   summary.json         before/after held-out reward, times
-A resumed run drops the metric lines and trajectories of steps the checkpoint does not
-cover, so the files read as one uninterrupted run.
+A checkpoint records how many metric lines and trajectories were written when it was
+taken; a resumed run drops those written after, so the files read as one uninterrupted run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import logging
 import math
@@ -30,21 +45,25 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentrl.agent import Episode
 from agentrl.algorithms import compute_advantages, group_stats
-from agentrl.backends.base import samples_from
+from agentrl.async_schedule import Admission, Group, GroupBuffer, MeteredSampler, no_signal
+from agentrl.backends.base import WeightSink, samples_from
 from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl.dispatch.core import Feed
 from agentrl.errors import ConfigError
+from agentrl.inference.base import Sampler
 from agentrl.runner import RunInfo, make_env, write_atomic, write_run_info
 from agentrl.tasks.env import TaskEnv
+from agentrl.train_config import AsyncSchedule
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
 if TYPE_CHECKING:
@@ -58,6 +77,11 @@ if TYPE_CHECKING:
     from agentrl.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class TrainSampler(Sampler, WeightSink, Protocol):
+    """What the trainer samples with and publishes to."""
 
 
 @dataclass(frozen=True)
@@ -80,15 +104,20 @@ def split(tasks: Sequence[Task], holdout_every: int) -> tuple[list[Prompt], list
     return train, held
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The prompts of one epoch: a permutation of range(n) seeded by (seed, epoch)."""
+    perm = list(range(n))
+    random.Random(f"{seed}/{epoch}").shuffle(perm)
+    return perm
+
+
 def data_order(n: int, seed: int, start: int, count: int) -> list[int]:
     """Indices of the prompts at positions [start, start + count) of the run's stream:
     epoch after epoch, each a permutation seeded by (seed, epoch)."""
     out = []
     for pos in range(start, start + count):
         epoch, k = divmod(pos, n)
-        perm = list(range(n))
-        random.Random(f"{seed}/{epoch}").shuffle(perm)
-        out.append(perm[k])
+        out.append(epoch_order(n, seed, epoch)[k])
     return out
 
 
@@ -119,7 +148,11 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, Any]:
 
 
 class Trainer:
-    """One training run of `config` writing into `out_dir`."""
+    """One training run of `config` writing into `out_dir`.
+
+    `sampler` replaces the one the config names (tests and benchmarks pass a simulated
+    one); the trainer closes it.
+    """
 
     def __init__(
         self,
@@ -128,6 +161,7 @@ class Trainer:
         out_dir: Path,
         *,
         show_progress: bool = True,
+        sampler: TrainSampler | None = None,
     ) -> None:
         self.config, self.tasks, self.out = config, list(tasks), out_dir
         self.task_paths = [t.path for t in self.tasks]
@@ -138,10 +172,20 @@ class Trainer:
                 f"{len(self.train)} training and {len(self.held)} held-out instances",
                 fix="give the tasks more instances, or change eval.holdout_every",
             )
+        sched = config.schedule
+        if isinstance(sched, AsyncSchedule) and len(self.train) < sched.prompts_per_step:
+            raise ConfigError(
+                f"{len(self.train)} training prompts cannot fill one mini-batch of "
+                f"schedule.prompts_per_step {sched.prompts_per_step} groups",
+                fix="lower prompts_per_step or give the tasks more instances",
+            )
         self.temperature = _temperature(self.tasks)
         self.ckpt_root = out_dir / "checkpoints"
         self.run_id = f"train-{config.name}-{uuid.uuid4().hex[:6]}"
         self._board: Any = None
+        self._given_sampler = sampler
+        self._lines = 0  # metric lines written (a checkpoint records it)
+        self._stored = 0  # trajectories written
 
     async def run(self, *, resume: bool = False) -> dict[str, Any]:
         """Train; returns the summary (empty on torchrun ranks other than 0)."""
@@ -179,15 +223,15 @@ class Trainer:
 
         cfg = self.config
         tokenizer = load_tokenizer()
-        sampler = _sampler(cfg, self.out)
+        sampler = self._given_sampler or _sampler(cfg, self.out)
         provider = make_provider(cfg.provider)
         envs = [make_env(task, provider, self.run_id) for task in self.tasks]
-        start = 0
+        resumed: dict[str, Any] = {}
         try:
             if resume and (path := latest_checkpoint(self.ckpt_root)) is not None:
-                start = int(backend.load_checkpoint(path)["step"])
-                self._truncate(start)
-                log.info("resumed from %s at step %d", path, start)
+                resumed = backend.load_checkpoint(path)
+                self._truncate(resumed)
+                log.info("resumed from %s at step %d", path, resumed["step"])
             elif resume:
                 log.info(
                     "--resume: no complete checkpoint in %s; starting at step 0", self.ckpt_root
@@ -198,7 +242,7 @@ class Trainer:
             write_run_info(self.out, info)
             backend.publish(sampler)  # the sampler samples exactly the learner's weights
             self._board = _board(self.out / "tensorboard")
-            return await self._loop(backend, sampler, tokenizer, envs, start)
+            return await self._loop(backend, sampler, tokenizer, envs, resumed)
         finally:
             if self._board is not None:
                 self._board.close()
@@ -211,13 +255,14 @@ class Trainer:
     async def _loop(
         self,
         backend: FSDPBackend | Leader,
-        sampler: LocalSampler | Router,
+        sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
-        start: int,
+        resumed: dict[str, Any],
     ) -> dict[str, Any]:
         cfg = self.config
         sched = cfg.schedule
+        start = int(resumed.get("step", 0))
         store = TrajectoryStore(self.out / "trajectories.jsonl")
         started = time.monotonic()
         with Progress(
@@ -231,91 +276,269 @@ class Trainer:
             steps_bar = progress.add_task("", total=sched.steps, completed=start, name="train")
             if start == 0:
                 await self._evaluate(0, sampler, tokenizer, envs, progress)
-            for step in range(start, sched.steps):
-                row = await self._step(step, backend, sampler, tokenizer, envs, progress, store)
-                progress.update(
-                    steps_bar,
-                    advance=1,
-                    description=f"reward {row['reward_mean']:.2f}  loss {row.get('loss', 0):.3f}",
-                )
-                done = step + 1
-                if (cfg.eval.every and done % cfg.eval.every == 0) or done == sched.steps:
-                    await self._evaluate(done, sampler, tokenizer, envs, progress)
-                if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or (
-                    done == sched.steps
-                ):
-                    self._checkpoint(backend, done)
+            if isinstance(sched, AsyncSchedule):
+                steps = self._async_steps(sampler, tokenizer, envs, store, resumed, backend)
+            else:
+                steps = self._sync_steps(start, sampler, tokenizer, envs, progress, store, backend)
+            async with aclosing(steps) as rows:
+                async for row, extra in rows:
+                    progress.update(
+                        steps_bar,
+                        advance=1,
+                        description=f"reward {row['reward_mean']:.2f}  "
+                        f"loss {row.get('loss', 0):.3f}",
+                    )
+                    done = row["step"]
+                    if (cfg.eval.every and done % cfg.eval.every == 0) or done == sched.steps:
+                        await self._evaluate(done, sampler, tokenizer, envs, progress)
+                    if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or (
+                        done == sched.steps
+                    ):
+                        await asyncio.to_thread(self._checkpoint, backend, done, extra)
         summary = self._summary(time.monotonic() - started)
         _plot(self.out / "metrics.jsonl", self.out / "reward.png", cfg.name)
+        if isinstance(sched, AsyncSchedule):
+            _plot_async(self.out, cfg.name, sched.max_staleness_steps)
         return summary
 
-    async def _step(
+    async def _sync_steps(
         self,
-        step: int,
-        backend: FSDPBackend | Leader,
-        sampler: LocalSampler | Router,
+        start: int,
+        sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
         progress: Progress,
         store: TrajectoryStore,
-    ) -> dict[str, Any]:
+        backend: FSDPBackend | Leader,
+    ) -> AsyncGenerator[tuple[dict[str, Any], dict[str, Any]], None]:
+        """The sync schedule's steps: (metrics row, checkpoint extra) after each."""
         cfg, sched = self.config, self.config.schedule
-        order = data_order(
-            len(self.train), cfg.seed, step * sched.prompts_per_step, sched.prompts_per_step
-        )
-        prompts = [self.train[i] for i in order]
-        n = sched.n_samples_per_prompt
-        episodes = [
-            Episode(
-                self.tasks[p.task],
-                p.instance,
-                step * n + k,  # unique trajectory ids across the run
-                sampler,
-                tokenizer,
-                envs[p.task],
-                scheduled_step=step,
-                snapshots=cfg.snapshots,
+        for step in range(start, sched.steps):
+            order = data_order(
+                len(self.train), cfg.seed, step * sched.prompts_per_step, sched.prompts_per_step
             )
-            for p in prompts
-            for k in range(n)
+            prompts = [self.train[i] for i in order]
+            n = sched.n_samples_per_prompt
+            episodes = [
+                Episode(
+                    self.tasks[p.task],
+                    p.instance,
+                    step * n + k,  # unique trajectory ids across the run
+                    sampler,
+                    tokenizer,
+                    envs[p.task],
+                    scheduled_step=step,
+                    snapshots=cfg.snapshots,
+                )
+                for p in prompts
+                for k in range(n)
+            ]
+            t0 = time.monotonic()
+            trajs = await self._rollout(episodes, progress, f"step {step + 1} rollout")
+            t1 = time.monotonic()
+            trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
+            for t in trajs:
+                self._append(store, t)
+            row: dict[str, Any] = {"kind": "train", "step": step + 1, **batch_metrics(trajs)}
+            row["prompts"] = [p.id for p in prompts]
+            row.update(await self._train(backend, sampler, trajs))
+            row["rollout_s"] = round(t1 - t0, 2)
+            self._log(row)
+            yield row, {}
+
+    async def _async_steps(
+        self,
+        sampler: TrainSampler,
+        tokenizer: PreTrainedTokenizerBase,
+        envs: list[TaskEnv],
+        store: TrajectoryStore,
+        resumed: dict[str, Any],
+        backend: FSDPBackend | Leader,
+    ) -> AsyncGenerator[tuple[dict[str, Any], dict[str, Any]], None]:
+        """The fully-async schedule's steps: (metrics row, checkpoint extra) after each."""
+        from agentrl.dispatch import make_dispatcher
+
+        cfg = self.config
+        sched = cfg.schedule
+        assert isinstance(sched, AsyncSchedule)
+        B, n, S = sched.prompts_per_step, sched.n_samples_per_prompt, sched.max_staleness_steps
+        step = int(resumed.get("step", 0))
+        data = _DataState.from_extra(resumed)
+        buf = GroupBuffer(Admission.resumed(B, S, step))
+        meter = MeteredSampler(sampler)
+        feed = Feed()
+        groups: dict[str, Group] = {}  # trajectory id -> its group, until it comes back
+        timeline = _Timeline(self.out / "admission.jsonl", buf)
+
+        async def produce() -> None:
+            while True:
+                used = data.trained | data.filtered
+                for i in epoch_order(len(self.train), cfg.seed, data.epoch):
+                    prompt = self.train[i]
+                    if prompt.id in used:  # consumed before a resume
+                        continue
+                    scheduled = await buf.admit()
+                    group = Group(data.next_group, data.epoch, prompt.id, scheduled, n)
+                    data.next_group += 1
+                    for k in range(n):
+                        ep = Episode(
+                            self.tasks[prompt.task],
+                            prompt.instance,
+                            group.index * n + k,  # unique trajectory ids across the run
+                            meter,
+                            tokenizer,
+                            envs[prompt.task],
+                            scheduled_step=scheduled,
+                            snapshots=cfg.snapshots,
+                        )
+                        groups[ep.trajectory_id] = group
+                        feed.put(ep)
+                await buf.end_epoch()  # returns when the trainer has closed the epoch
+
+        async def collect() -> None:
+            dcfg = cfg.dispatcher
+            dispatcher = make_dispatcher(dcfg.type, **dcfg.model_dump(exclude={"type"}))
+            async with aclosing(dispatcher.run(feed)) as stream:
+                async for traj in stream:
+                    group = groups.pop(traj.trajectory_id)
+                    group.trajectories.append(traj)
+                    if not group.complete:
+                        continue
+                    keep = not (
+                        sched.filter_zero_variance
+                        and no_signal(group.trajectories, sched.filter_tolerance)
+                    )
+                    if not keep:
+                        data.filtered.add(group.prompt_id)
+                        for t in group.trajectories:  # consumed_step None: never trained
+                            self._append(store, t)
+                    await buf.finish(group, keep=keep)
+                    timeline.flush()
+
+        workers = [
+            asyncio.create_task(produce(), name="async producer"),
+            asyncio.create_task(collect(), name="async collector"),
         ]
-        t0 = time.monotonic()
-        trajs = await self._rollout(episodes, progress, f"step {step + 1} rollout")
-        t1 = time.monotonic()
-        trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
-        for t in trajs:
-            store.append(t)
+        last = time.monotonic()
+        idle_before = meter.idle_s()
+        try:
+            while step < sched.steps:
+                wait_from = time.monotonic()
+                batch, epoch_end = await _watch(buf.take(B), workers)
+                waited = time.monotonic() - wait_from
+                timeline.flush()
+                if epoch_end:
+                    self._log(
+                        {
+                            "kind": "epoch_end",
+                            "step": step,
+                            "epoch": data.epoch,
+                            "trained_prompts": len(data.trained),
+                            "filtered_prompts": len(data.filtered),
+                            "partial_batch": [g.prompt_id for g in batch],
+                        }
+                    )
+                    log.info(
+                        "epoch %d ends: %d prompts trained, %d filtered, a partial batch of "
+                        "%d groups is not trained",
+                        data.epoch, len(data.trained), len(data.filtered), len(batch),
+                    )  # fmt: skip
+                    if not data.trained:
+                        raise ConfigError(
+                            f"epoch {data.epoch} could not fill one mini-batch: "
+                            f"{len(data.filtered)} of its {len(self.train)} prompts were "
+                            "filtered as having no reward signal (every episode of the group "
+                            "got the same reward)",
+                            fix="check the grader and the task's difficulty, raise "
+                            "n_samples_per_prompt, or set schedule.filter_zero_variance: false",
+                        )
+                    data.next_epoch()
+                    await buf.next_epoch()
+                    continue
+                lags = [step - g.scheduled_step for g in batch]
+                for g, lag in zip(batch, lags, strict=True):
+                    if lag > S:
+                        log.warning(
+                            "group %d (prompt %s) scheduled at step %d is consumed at step %d: "
+                            "lag %d exceeds max_staleness_steps %d (trained on)",
+                            g.index, g.prompt_id, g.scheduled_step, step, lag, S,
+                        )  # fmt: skip
+                trajs = [
+                    t.model_copy(update={"consumed_step": step})
+                    for g in batch
+                    for t in g.trajectories
+                ]
+                for t in trajs:
+                    self._append(store, t)
+                version = sampler.policy_version  # the learner's weights, last published
+                row: dict[str, Any] = {"kind": "train", "step": step + 1, **batch_metrics(trajs)}
+                row["prompts"] = [g.prompt_id for g in batch]
+                row["epoch"] = data.epoch
+                row["lag"] = _histogram(lags)
+                row["lag_max"] = max(lags)
+                row["stale_groups"] = sum(lag > S for lag in lags)
+                row["tokens_by_age"] = _histogram(
+                    version - v
+                    for t in trajs
+                    for v, m in zip(t.token_versions, t.loss_mask, strict=True)
+                    if m
+                )
+                row.update(await self._train(backend, sampler, trajs))
+                await buf.advance()
+                step += 1
+                data.trained.update(row["prompts"])
+                now, idle = time.monotonic(), meter.idle_s()
+                wall = max(now - last, 1e-9)
+                row["wait_s"] = round(waited, 3)
+                row["trainer_idle_frac"] = round(waited / wall, 4)
+                row["sampler_idle_frac"] = round((idle - idle_before) / wall, 4)
+                row["step_s"] = round(wall, 3)
+                row.update(buf.admission.counters())
+                last, idle_before = now, idle
+                timeline.flush()
+                self._log(row)
+                yield row, data.to_extra()
+        finally:
+            feed.close()
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            timeline.flush()
+
+    async def _train(
+        self, backend: FSDPBackend | Leader, sampler: TrainSampler, trajs: list[Trajectory]
+    ) -> dict[str, Any]:
+        """Advantages, one optimizer step over `trajs` and the publication, off the event
+        loop (generation, tools and grading go on meanwhile)."""
+        cfg = self.config
         advantages = compute_advantages(trajs, cfg.algorithm.advantage)
         samples = samples_from(trajs, advantages)
-        row: dict[str, Any] = {"kind": "train", "step": step + 1, **batch_metrics(trajs)}
-        row["prompts"] = [p.id for p in prompts]
-        stats = group_stats(trajs)
-        row["zero_variance_groups"] = stats.zero_variance_groups
+        row: dict[str, Any] = {"zero_variance_groups": group_stats(trajs).zero_variance_groups}
         supervised = cfg.algorithm.loss.type == "cross_entropy"  # advantages unused
+        t1 = time.monotonic()
         if samples and (supervised or any(s.advantage != 0.0 for s in samples)):
-            row.update(backend.forward_backward(samples, cfg.algorithm.loss))
-            row.update(backend.optim_step())
+            row.update(
+                await asyncio.to_thread(backend.forward_backward, samples, cfg.algorithm.loss)
+            )
+            row.update(await asyncio.to_thread(backend.optim_step))
             t2 = time.monotonic()
-            row["policy_version"] = backend.publish(sampler)
+            row["policy_version"] = await asyncio.to_thread(backend.publish, sampler)
         else:  # every group tied: no gradient, nothing to publish; the prompts are consumed
             row["skipped"] = "no group had a reward spread" if samples else "no trainable episode"
             t2 = time.monotonic()
             row["policy_version"] = sampler.policy_version
         t3 = time.monotonic()
-        row.update(
-            rollout_s=round(t1 - t0, 2), train_s=round(t2 - t1, 2), publish_s=round(t3 - t2, 2)
-        )
+        row.update(train_s=round(t2 - t1, 2), publish_s=round(t3 - t2, 2))
         from agentrl.inference.router import Router
 
         if isinstance(sampler, Router):  # which replica serves which version
             row["replicas"] = sampler.status()
-        self._log(row)
         return row
 
     async def _evaluate(
         self,
         step: int,
-        sampler: LocalSampler | Router,
+        sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
         progress: Progress,
@@ -362,9 +585,13 @@ class Trainer:
             progress.remove_task(bar)
         return out
 
-    def _checkpoint(self, backend: FSDPBackend | Leader, done: int) -> None:
+    def _checkpoint(self, backend: FSDPBackend | Leader, done: int, extra: dict[str, Any]) -> None:
+        # What was written up to now: a resume drops what comes after.
+        written = {"metrics_lines": self._lines, "trajectories": self._stored}
         path = backend.save_checkpoint(
-            self.ckpt_root, {"step": done, "seed": self.config.seed}, step=done
+            self.ckpt_root,
+            {"step": done, "seed": self.config.seed, **written, **extra},
+            step=done,
         )
         log.info("checkpoint %s", path)
         keep = self.config.checkpoint.keep
@@ -372,11 +599,16 @@ class Trainer:
         for old in complete[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def _append(self, store: TrajectoryStore, trajectory: Trajectory) -> None:
+        store.append(trajectory)
+        self._stored += 1
+
     def _log(self, row: dict[str, Any]) -> None:
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self._lines += 1
         log.info("%s", json.dumps({k: v for k, v in row.items() if k != "prompts"}))
         if self._board is not None:
             for key, value in row.items():
@@ -385,23 +617,30 @@ class Trainer:
             self._board.flush()
 
     def _fresh(self) -> None:
-        for name in ("metrics.jsonl", "trajectories.jsonl", "summary.json", "reward.png"):
+        for name in (
+            "metrics.jsonl",
+            "trajectories.jsonl",
+            "summary.json",
+            "reward.png",
+            "admission.jsonl",
+            "async.png",
+        ):
             (self.out / name).unlink(missing_ok=True)
         shutil.rmtree(self.ckpt_root, ignore_errors=True)
         shutil.rmtree(self.out / "eval", ignore_errors=True)
         shutil.rmtree(self.out / "tensorboard", ignore_errors=True)
 
-    def _truncate(self, start: int) -> None:
-        """Keep only what steps < start (and the evals up to `start`) wrote."""
+    def _truncate(self, checkpoint: dict[str, Any]) -> None:
+        """Keep only the metric lines and trajectories written before `checkpoint`."""
+        self._lines, self._stored = checkpoint["metrics_lines"], checkpoint["trajectories"]
         metrics = self.out / "metrics.jsonl"
         if metrics.exists():
-            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-            kept = [r for r in rows if r["step"] <= start]  # train rows count done steps
-            write_atomic(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+            lines = metrics.read_text().splitlines(keepends=True)[: self._lines]
+            write_atomic(metrics, "".join(lines))
         trajs = self.out / "trajectories.jsonl"
         if trajs.exists():
-            kept_t = [t for t in TrajectoryStore(trajs) if t.scheduled_step < start]
-            write_atomic(trajs, "".join(t.to_json() + "\n" for t in kept_t))
+            kept = list(itertools.islice(TrajectoryStore(trajs), self._stored))
+            write_atomic(trajs, "".join(t.to_json() + "\n" for t in kept))
 
     def _summary(self, seconds: float) -> dict[str, Any]:
         rows = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
@@ -409,6 +648,7 @@ class Trainer:
         train = [r for r in rows if r["kind"] == "train"]
         summary = {
             "name": self.config.name,
+            "schedule": self.config.schedule.type,
             "steps": len(train),
             "eval_before": _eval_view(evals[0]) if evals else None,
             "eval_after": _eval_view(evals[-1]) if evals else None,
@@ -419,6 +659,79 @@ class Trainer:
         }
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+@dataclass
+class _DataState:
+    """Where the async schedule is in its data: checkpointed, so a resume neither repeats
+    nor skips a prompt of the current epoch."""
+
+    epoch: int = 0
+    trained: set[str] = field(default_factory=set)  # prompt ids of this epoch
+    filtered: set[str] = field(default_factory=set)
+    next_group: int = 0  # admission index of the next group (its trajectory ids)
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> _DataState:
+        return cls(
+            int(extra.get("epoch", 0)),
+            set(extra.get("trained_prompts", [])),
+            set(extra.get("filtered_prompts", [])),
+            int(extra.get("next_group", 0)),
+        )
+
+    def to_extra(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "trained_prompts": sorted(self.trained),
+            "filtered_prompts": sorted(self.filtered),
+            "next_group": self.next_group,
+        }
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.trained.clear()
+        self.filtered.clear()
+
+
+class _Timeline:
+    """Appends the admission counters' changes to admission.jsonl (wall-clock stamped)."""
+
+    def __init__(self, path: Path, buffer: GroupBuffer) -> None:
+        self.path, self.buffer, self.done = path, buffer, 0
+        self.origin = time.time() - (time.monotonic() - buffer.start)
+
+    def flush(self) -> None:
+        rows = self.buffer.timeline[self.done :]
+        if not rows:
+            return
+        with self.path.open("a", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps({"time": round(self.origin + r["t"], 3), **r}) + "\n")
+        self.done += len(rows)
+
+
+def _histogram(values: Iterable[int]) -> dict[str, int]:
+    """{"value": count}, keys in numeric order (JSON keys are strings)."""
+    counts = Counter(values)
+    return {str(k): counts[k] for k in sorted(counts)}
+
+
+async def _watch(awaitable: Awaitable[T], workers: list[asyncio.Task[None]]) -> T:
+    """Await `awaitable`; if a worker ends first (it never should), raise what ended it."""
+    main = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait([main, *workers], return_when=asyncio.FIRST_COMPLETED)
+            if main in done:
+                return main.result()
+            for w in done:
+                if not w.cancelled() and (error := w.exception()) is not None:
+                    raise error
+                raise RuntimeError(f"the {w.get_name()} stopped")
+    finally:
+        if not main.done():
+            main.cancel()
 
 
 def _board(folder: Path) -> Any:
@@ -471,16 +784,22 @@ def _sampler(cfg: TrainConfig, out: Path) -> LocalSampler | Router:
             transfer=s.transfer,
             publish_dir=out / "published",
             request_timeout=s.request_timeout,
+            clear_kv_cache=s.clear_kv_cache,
+            cache_salt=s.cache_salt,
         )
     model = cfg.model
     if model == "embedded":
-        return LocalSampler.embedded()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+        local = LocalSampler.embedded()
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return LocalSampler(
-        AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
-        tokenizer=AutoTokenizer.from_pretrained(model),
-    )
+        local = LocalSampler(
+            AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
+            tokenizer=AutoTokenizer.from_pretrained(model),
+        )
+    if cfg.schedule.type == "async":  # publish mid-reply: in-flight requests are kept
+        local.publish_pause = "keep"
+    return local
 
 
 def _plot(metrics: Path, png: Path, name: str) -> None:
@@ -514,6 +833,55 @@ def _plot(metrics: Path, png: Path, name: str) -> None:
     ax.set_title(name)
     ax.legend(loc="upper left")
     fig.tight_layout()
+    tmp = png.with_name(png.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(png)
+
+
+def _plot_async(out: Path, name: str, max_staleness: int) -> None:
+    """async.png: the admission counters over time, and the lag and token-age histograms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timeline = [json.loads(line) for line in (out / "admission.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train" and "lag" in r]
+    fig, (ax, ax_lag) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=[2, 1])
+    if timeline:
+        t0 = timeline[0]["time"]
+        times = [r["time"] - t0 for r in timeline]
+        for key in ("running", "buffered", "accepted", "filtered"):
+            ax.step(times, [r[key] for r in timeline], where="post", label=key)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("groups")
+    ax.set_title(f"{name}: admission (S = {max_staleness})")
+    ax.legend(loc="upper left")
+    lags: Counter[int] = Counter()
+    ages: Counter[int] = Counter()
+    for r in train:
+        lags.update({int(k): v for k, v in r["lag"].items()})
+        ages.update({int(k): v for k, v in r["tokens_by_age"].items()})
+    width = 0.4
+    if lags:
+        ax_lag.bar([k - width / 2 for k in lags], list(lags.values()), width, label="groups by lag")
+    if ages:
+        total = sum(ages.values())
+        groups = sum(lags.values()) or 1
+        ax_lag.bar(
+            [k + width / 2 for k in ages],
+            [v / total * groups for v in ages.values()],
+            width,
+            label="sampled tokens by version age (scaled)",
+        )
+    ax_lag.axvline(max_staleness + 0.5, color="grey", linestyle="--", label="S")
+    ax_lag.set_xlabel("steps")
+    ax_lag.set_title("lag (consumed - scheduled step)")
+    ax_lag.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    png = out / "async.png"
     tmp = png.with_name(png.name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)

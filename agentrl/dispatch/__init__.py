@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.dispatch.base import BatchConfig, Dispatcher, PipelineConfig, SyncConfig
+from agentrl.dispatch.core import Feed
 from agentrl.errors import ConfigError
 from agentrl.registry import resolve
 
@@ -33,6 +34,7 @@ __all__ = [
     "DISPATCHERS",
     "BatchConfig",
     "Dispatcher",
+    "Feed",
     "PipelineConfig",
     "SyncConfig",
     "make_dispatcher",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode
+    from agentrl.dispatch.core import Feed
     from agentrl.dispatch.metrics import DispatchMetrics
     from agentrl.trajectory import Trajectory
 
@@ -24,7 +25,9 @@ class Dispatcher(Protocol):
     metrics: DispatchMetrics | None
     """The last run's metrics (set when its stream ends)."""
 
-    def run(self, episodes: Sequence[Episode]) -> AsyncGenerator[Trajectory, None]: ...
+    def run(self, episodes: Sequence[Episode] | Feed) -> AsyncGenerator[Trajectory, None]:
+        """`episodes`: a fixed list, or a `Feed` that receives them over time."""
+        ...
 
 
 class _StageLimits(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
-from agentrl.dispatch.core import Run
+from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode
@@ -21,13 +21,12 @@ class BatchDispatcher:
         self.config = config
         self.metrics: DispatchMetrics | None = None
 
-    async def run(self, episodes: Sequence[Episode]) -> AsyncGenerator[Trajectory, None]:
+    async def run(self, episodes: Sequence[Episode] | Feed) -> AsyncGenerator[Trajectory, None]:
         run = Run("batch", episodes, self.config, self.config.concurrency)
-        todo = iter(run.episodes)
         gate = run.gate()  # the slot itself bounds generation
 
         async def slot() -> None:
-            for ep in todo:  # shared: each slot takes the next episode
+            while (ep := await run.take()) is not None:  # each slot takes the next episode
                 try:
                     await run.init(ep)
                     await run.run(ep, gate)

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
-from agentrl.dispatch.core import Run
+from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode, Gate
@@ -71,12 +71,12 @@ class PipelineDispatcher:
         self.config = config
         self.metrics: DispatchMetrics | None = None
 
-    async def run(self, episodes: Sequence[Episode]) -> AsyncGenerator[Trajectory, None]:
+    async def run(self, episodes: Sequence[Episode] | Feed) -> AsyncGenerator[Trajectory, None]:
         cfg = self.config
         run = Run("pipeline", episodes, cfg, cfg.sandboxes)
         live = asyncio.Semaphore(cfg.sandboxes)
         slots = PrioritySlots(cfg.concurrency)
-        admitted = {ep.trajectory_id: k for k, ep in enumerate(run.episodes)}
+        admitted: dict[str, int] = {}  # trajectory id -> order taken from the feed
 
         def gate(ep: Episode) -> Gate:
             def slot() -> AbstractAsyncContextManager[None]:
@@ -88,7 +88,6 @@ class PipelineDispatcher:
 
         run_q: asyncio.Queue[Episode] = asyncio.Queue(cfg.queue_size)
         eval_q: asyncio.Queue[Episode] = asyncio.Queue(cfg.queue_size)
-        todo = iter(run.episodes)
 
         async def put(queue: asyncio.Queue[Episode], name: str, ep: Episode) -> None:
             await queue.put(ep)
@@ -106,8 +105,12 @@ class PipelineDispatcher:
                 live.release()
 
         async def init_worker() -> None:
-            for ep in todo:  # shared: each worker takes the next episode
+            while True:
                 await live.acquire()
+                if (ep := await run.take()) is None:  # each worker takes the next episode
+                    live.release()
+                    return
+                admitted[ep.trajectory_id] = len(admitted)
                 await run.init(ep)
                 await (finish(ep) if ep.failed else put(run_q, "run_queue", ep))
 

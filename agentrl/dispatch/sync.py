@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from agentrl.dispatch.core import Run
+from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode
@@ -71,7 +71,7 @@ class SyncDispatcher:
         self.config = config
         self.metrics: DispatchMetrics | None = None
 
-    async def run(self, episodes: Sequence[Episode]) -> AsyncGenerator[Trajectory, None]:
+    async def run(self, episodes: Sequence[Episode] | Feed) -> AsyncGenerator[Trajectory, None]:
         run = Run("sync", episodes, self.config, self.config.concurrency)
         size = self.config.concurrency
 
@@ -87,8 +87,12 @@ class SyncDispatcher:
                 await run.finish(ep)
 
         async def waves() -> None:
-            for k in range(0, len(run.episodes), size):
-                wave = run.episodes[k : k + size]
+            # A wave: the next episode and those already waiting, up to `concurrency` (a
+            # streaming feed's admissions must not wait for a wave that will never fill).
+            while (first := await run.take()) is not None:
+                wave = [first]
+                while len(wave) < size and (ep := run.take_nowait()) is not None:
+                    wave.append(ep)
                 barrier = LockStep(len(wave))
                 await asyncio.gather(*(one(ep, barrier) for ep in wave))
 

@@ -124,6 +124,8 @@ class LocalSampler:
         self._running = False  # a batch is decoding
         self._parked = False  # the running batch waits between two steps (pause keep)
         self._policy_version = 0
+        # How update_weights meets running requests (see there); the async schedule: keep.
+        self.publish_pause: PauseMode | None = None
         self._stats = SamplerStats()
         self._closed = False
         self._stop = threading.Event()
@@ -156,32 +158,44 @@ class LocalSampler:
             self._policy_version = version
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Copy `state_dict` into the model between batches, then stamp `version`.
+        """Copy `state_dict` into the model, then stamp `version`.
 
-        Blocks while a batch is decoding (it waits for the batch to finish, not for the
-        queue to drain). Values are copied, so the caller may keep training its tensors.
-        Every key of the model must be present and no other: a partial update would
-        silently mix two policies.
+        How running requests meet the update is `publish_pause`: None waits for the
+        running batch to finish (not for the queue to drain); "keep" parks it between two
+        steps and lets it decode on under the new weights; "abort" ends it. A sampler
+        someone already paused is updated as it stands. Values are copied, so the caller
+        may keep training its tensors. Every key of the model must be present and no
+        other: a partial update would silently mix two policies.
         """
         if version < 0:
             raise SamplerError(f"policy version must be >= 0, got {version}")
-        with self._weights_lock:
-            # Checked before copying: load_state_dict would copy the good keys, then raise.
-            shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-            missing, unexpected = shapes.keys() - state_dict, state_dict.keys() - shapes
-            reshaped = [
-                k for k in shapes.keys() & state_dict if tuple(state_dict[k].shape) != shapes[k]
-            ]
-            if missing or unexpected or reshaped:
-                raise SamplerError(
-                    "update_weights: the state dict does not fit the sampler's model (missing "
-                    f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}, other shape "
-                    f"{sorted(reshaped)[:3]})",
-                    fix="publish weights of the same architecture the sampler was built with",
-                )
-            with torch.no_grad():
-                self.model.load_state_dict(state_dict, strict=True)
-            self.set_policy_version(version)
+        pause = self.publish_pause if not self.is_paused else None
+        if pause is not None:
+            self.pause(pause)
+        try:
+            with self._weights_lock:
+                self._copy_in(state_dict)
+                self.set_policy_version(version)
+        finally:
+            if pause is not None:
+                self.resume()
+
+    def _copy_in(self, state_dict: dict[str, torch.Tensor]) -> None:
+        # Checked before copying: load_state_dict would copy the good keys, then raise.
+        shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+        missing, unexpected = shapes.keys() - state_dict, state_dict.keys() - shapes
+        reshaped = [
+            k for k in shapes.keys() & state_dict if tuple(state_dict[k].shape) != shapes[k]
+        ]
+        if missing or unexpected or reshaped:
+            raise SamplerError(
+                "update_weights: the state dict does not fit the sampler's model (missing "
+                f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}, other shape "
+                f"{sorted(reshaped)[:3]})",
+                fix="publish weights of the same architecture the sampler was built with",
+            )
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=True)
 
     def load_weights(self, path: str | Path, version: int) -> None:
         """`update_weights` from a folder of safetensors files with the model's names.

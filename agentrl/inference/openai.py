@@ -106,7 +106,9 @@ class OpenAISampler:
         max_retries: int = 3,
         api_key: str = "EMPTY",
         backoff: float = 0.5,
+        cache_salt: bool = False,
     ) -> None:
+        """`cache_salt`: send vLLM's `cache_salt` (the weights version), see the router."""
         if max_retries < 0:
             raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
         if timeout <= 0:
@@ -116,6 +118,7 @@ class OpenAISampler:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self.cache_salt = cache_salt
         self.stats = OpenAISamplerStats()
         self._policy_version = 0
         self._model_lock = asyncio.Lock()
@@ -143,6 +146,8 @@ class OpenAISampler:
         # the router gates requests while it publishes, so that is exact.
         sent_version = self._policy_version
         headers = {SESSION_HEADER: session_id} if session_id else None
+        # vLLM keys prefix-cache blocks by the salt too: blocks of older weights are not reused.
+        salt = {"cache_salt": f"agentrl-v{sent_version}"} if self.cache_salt else {}
         try:
             model = await self._model_name()
             raw = await self._with_retries(
@@ -167,6 +172,7 @@ class OpenAISampler:
                         "top_k": -1,
                         "min_p": 0.0,
                         "repetition_penalty": 1.0,
+                        **salt,
                     },
                 ),
             )

@@ -130,7 +130,12 @@ class Router:
         master_address: str = "127.0.0.1",
         chunk_bytes: int = CHUNK_BYTES,
         max_sessions: int = 1 << 16,
+        clear_kv_cache: bool = False,
+        cache_salt: bool = True,
     ) -> None:
+        """`clear_kv_cache`: reset every replica's prefix cache after each publication.
+        `cache_salt`: salt each request's prefix cache by the weights version it was sent
+        under, so no request reuses KV blocks computed by older weights."""
         if not urls:
             raise ConfigError("the router needs at least one server URL")
         if pause_mode not in ("abort", "wait", "keep"):
@@ -149,12 +154,19 @@ class Router:
         self.master_address = master_address
         self.chunk_bytes = chunk_bytes
         self.max_sessions = max_sessions
+        self.clear_kv_cache = clear_kv_cache
         self.stats = RouterStats()
         self.replicas = [
             Replica(
                 name=name,
                 # One quick retry; after that the router fails over instead of waiting.
-                client=OpenAISampler(name, timeout=request_timeout, max_retries=1, backoff=0.1),
+                client=OpenAISampler(
+                    name,
+                    timeout=request_timeout,
+                    max_retries=1,
+                    backoff=0.1,
+                    cache_salt=cache_salt,
+                ),
             )
             for name in names
         ]
@@ -550,6 +562,10 @@ class Router:
                 else:
                     failed |= await self._by_collective(live, version, state)
                 confirmed = await self._versions()
+                if self.clear_kv_cache:  # a failure here costs reuse, never correctness
+                    await self._fan(
+                        [r for r in live if r.name not in failed], "POST", "/reset_prefix_cache"
+                    )
             finally:
                 await self._resume()
             for replica in targets:

@@ -13,8 +13,10 @@ weight publication run here without a GPU:
   weight-transfer protocol (`/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights`, `/finish_weight_update`; received over gloo), and
   `POST /collective_rpc` with method `reload_weights` (`kwargs.weights_path`: a folder of
-  safetensors). Weights change only while paused (HTTP 409 otherwise), so no token is
-  ever stamped with a version it was not sampled under.
+  safetensors), `POST /reset_prefix_cache` (a no-op: no prefix cache here; `cache_salt`
+  in a completion body is accepted for the same reason). Weights change only while
+  paused (HTTP 409 otherwise), so no token is ever stamped with a version it was not
+  sampled under.
 
 HTTP
 requests arrive on ThreadingHTTPServer threads; each hands its generate() to one
@@ -81,6 +83,7 @@ class CompletionRequest(BaseModel):
     stream: bool | None = False
     echo: bool | None = False
     user: str | None = None
+    cache_salt: str | None = None  # accepted: this server keeps no prefix cache to salt
 
 
 class _HTTPError(Exception):
@@ -445,6 +448,8 @@ _CONTROL_ROUTES: dict[tuple[str, str], _Route] = {
     ("POST", "/start_weight_update"): CompletionServer._start_update,
     ("POST", "/update_weights"): CompletionServer._update_weights,
     ("POST", "/finish_weight_update"): CompletionServer._finish_update,
+    # vLLM's route; this server caches no prefixes across requests, so nothing to drop.
+    ("POST", "/reset_prefix_cache"): lambda app, q, d: {"reset": True},
     ("POST", "/tokenize"): CompletionServer._tokenize,
     ("POST", "/detokenize"): CompletionServer._detokenize,
 }

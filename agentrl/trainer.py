@@ -313,6 +313,7 @@ class Trainer:
     ) -> AsyncGenerator[tuple[dict[str, Any], dict[str, Any]], None]:
         """The sync schedule's steps: (metrics row, checkpoint extra) after each."""
         cfg, sched = self.config, self.config.schedule
+        meter = MeteredSampler(sampler)
         for step in range(start, sched.steps):
             order = data_order(
                 len(self.train), cfg.seed, step * sched.prompts_per_step, sched.prompts_per_step
@@ -324,7 +325,7 @@ class Trainer:
                     self.tasks[p.task],
                     p.instance,
                     step * n + k,  # unique trajectory ids across the run
-                    sampler,
+                    meter,
                     tokenizer,
                     envs[p.task],
                     scheduled_step=step,
@@ -333,7 +334,7 @@ class Trainer:
                 for p in prompts
                 for k in range(n)
             ]
-            t0 = time.monotonic()
+            t0, idle = time.monotonic(), meter.idle_s()
             trajs = await self._rollout(episodes, progress, f"step {step + 1} rollout")
             t1 = time.monotonic()
             trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
@@ -342,7 +343,12 @@ class Trainer:
             row: dict[str, Any] = {"kind": "train", "step": step + 1, **batch_metrics(trajs)}
             row["prompts"] = [p.id for p in prompts]
             row.update(await self._train(backend, sampler, trajs))
+            wall = max(time.monotonic() - t0, 1e-9)
             row["rollout_s"] = round(t1 - t0, 2)
+            row["wait_s"] = round(t1 - t0, 3)  # the trainer waits for the whole rollout
+            row["trainer_idle_frac"] = round((t1 - t0) / wall, 4)
+            row["sampler_idle_frac"] = round((meter.idle_s() - idle) / wall, 4)
+            row["step_s"] = round(wall, 3)
             self._log(row)
             yield row, {}
 

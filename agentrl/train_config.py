@@ -92,6 +92,12 @@ class ServersConfig(_Model):
         "with vLLM on GPUs",
     )
     request_timeout: float = Field(default=600.0, gt=0, description="seconds per completion")
+    control_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="seconds a server may take for a control call (pause, a weight "
+        "transfer) before it is quarantined and the run goes on without it",
+    )
     clear_kv_cache: bool = Field(
         default=False, description="reset every server's prefix cache after each publication"
     )

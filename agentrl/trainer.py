@@ -790,6 +790,7 @@ def _sampler(cfg: TrainConfig, out: Path) -> LocalSampler | Router:
             transfer=s.transfer,
             publish_dir=out / "published",
             request_timeout=s.request_timeout,
+            control_timeout=s.control_timeout,
             clear_kv_cache=s.clear_kv_cache,
             cache_salt=s.cache_salt,
         )

@@ -24,6 +24,11 @@ groups are admitted while accepted + running <= (S + s) * B; the trainer takes a
 finished groups. Zero-variance groups (all 4 samples won or lost, ~1 in 8) are filtered
 in the async arms (the default) and trained as no-ops in sync.
 
+The trainer runs with one torch thread (`torch.set_num_threads(1)`): on a real node it
+trains on GPUs while the CPUs run sandboxes and the dispatcher; on this 2-core machine the
+rollout machinery (event loop, shells, graders) gets the other core instead of competing
+with two intra-op threads for both.
+
 Reported per arm: training wall time (the sum of step times, evaluations excluded), the
 ratio sync / arm, the trainer's idle fraction (waiting for a batch), the sampler's idle
 fraction (no request in flight), the lag distribution (consumed - scheduled step),
@@ -230,11 +235,12 @@ def plot(results: list[dict[str, Any]], png: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--out", type=Path, default=RESULTS / "async_training.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
     arms: list[tuple[str, int | None]] = [("sync", None)]
     arms += [(f"async S={s}", s) for s in args.staleness]
     results = []

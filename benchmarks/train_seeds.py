@@ -11,6 +11,9 @@ once (slower each, faster in all on 2 cores). `--servers N` starts N `agentrl se
 replicas and samples on them through the router (`agentrl train --servers`), for
 comparison with the in-process sampler; results then go to train_seeds_served.json.
 Each run's per-step train reward is kept (`curve`), to compare learning curves.
+`--async S` trains the same config under the fully-async schedule with
+max_staleness_steps S (same steps, prompts per step and samples); results then go to
+train_seeds_async.json.
 """
 
 from __future__ import annotations
@@ -31,9 +34,21 @@ CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
 RESULTS = Path(__file__).parent / "results"
 
 
-def run(seed: int, out: Path, servers: list[str]) -> dict[str, Any]:
+def async_config(staleness: int) -> Path:
+    """The example config under the async schedule, written beside the original (its task
+    paths are relative to it)."""
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text())
+    config["schedule"] |= {"type": "async", "max_staleness_steps": staleness}
+    path = CONFIG.with_name(f".{CONFIG.stem}-async-s{staleness}.yaml")
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict[str, Any]:
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(CONFIG), "--seed", str(seed)]
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(config), "--seed", str(seed)]
     cmd += ["--out", str(out), "--overwrite"]
     if servers:
         cmd += ["--servers", ",".join(servers)]
@@ -92,22 +107,33 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "train-seeds")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--servers", type=int, default=0, help="sample on N agentrl serve")
+    parser.add_argument(
+        "--async", dest="staleness", type=int, help="the async schedule with this S"
+    )
     args = parser.parse_args()
     name = "train_seeds_served" if args.servers else "train_seeds"
+    suffix = "-served" if args.servers else ""
+    config = CONFIG
+    if args.staleness is not None:
+        name, suffix = name + "_async", suffix + "-async"
+        config = async_config(args.staleness)
     out = args.out or RESULTS / f"{name}.json"
-    runs = args.runs.with_name(args.runs.name + "-served") if args.servers else args.runs
+    runs = args.runs.with_name(args.runs.name + suffix)
     procs, urls = start_servers(args.servers, runs / "serve-logs") if args.servers else ([], [])
     try:
         with ThreadPoolExecutor(args.parallel) as pool:
-            rows = list(pool.map(lambda s: run(s, runs / f"seed-{s}", urls), args.seeds))
+            rows = list(pool.map(lambda s: run(s, runs / f"seed-{s}", urls, config), args.seeds))
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+        if config != CONFIG:
+            config.unlink(missing_ok=True)
     report = {
         "config": str(CONFIG.relative_to(ROOT)),
         "parallel": args.parallel,
         "servers": args.servers,
+        "max_staleness_steps": args.staleness,
         "runs": rows,
     }
     report["all_improved_beyond_ci"] = all(r["improved_beyond_ci"] for r in rows)

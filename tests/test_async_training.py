@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,24 +222,40 @@ def train(
     wins: Callable[[str], bool] = outcome_by_sample,
     tokens: Callable[[str], int] = lambda session: 40,
     resume: bool = False,
-    crash_after_publishes: int | None = None,
+    crash_after: int | None = None,
+    hold: Callable[[str], Awaitable[None]] | None = None,
+    box: list[SimulatedSampler] | None = None,
     **schedule: Any,
 ) -> tuple[dict[str, Any], SimulatedSampler]:
-    """One async run of the probe task; returns (summary, the sampler it used)."""
+    """One async run of the probe task; returns (summary, the sampler it used).
+
+    `crash_after`: publications that succeed before one raises. `hold(session)` runs
+    before each request is sampled (to hold an episode back). `box` receives the sampler.
+    """
 
     def script(session: str) -> Script:
         return Script(replies=[WIN if wins(session) else LOSE], tokens=[tokens(session)])
 
     sampler = SimulatedSampler(script, load_tokenizer(), LatencyModel(base_s=0.002))
-    if crash_after_publishes is not None:
+    if box is not None:
+        box.append(sampler)
+    if crash_after is not None:
         publish = sampler.update_weights
 
         def failing(state: Any, version: int) -> None:
-            if sampler.publishes >= crash_after_publishes:
+            if sampler.publishes >= crash_after:
                 raise RuntimeError("injected crash while publishing")
             publish(state, version)
 
         sampler.update_weights = failing  # type: ignore[method-assign]
+    if hold is not None:
+        generate = sampler.generate
+
+        async def held(prompt_ids: list[int], params: Any, session_id: str | None = None) -> Any:
+            await hold(session_id or "")
+            return await generate(prompt_ids, params, session_id)
+
+        sampler.generate = held  # type: ignore[method-assign]
     config = TrainConfig(
         name="async-probe",
         tasks=[str(TASK)],
@@ -267,9 +283,7 @@ def rows(out: Path, kind: str = "train") -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_s0_never_lets_generation_run_ahead_of_its_update(
-    tmp_path: Path, tiny_dir: Path
-) -> None:
+def test_s0_never_lets_generation_run_ahead_of_its_update(tmp_path: Path, tiny_dir: Path) -> None:
     summary, sampler = train(tmp_path, tiny_dir, steps=3, staleness=0)
     assert summary["steps"] == 3 and summary["schedule"] == "async"
     train_rows = rows(tmp_path)
@@ -290,3 +304,166 @@ def test_s0_never_lets_generation_run_ahead_of_its_update(
     assert (tmp_path / "async.png").stat().st_size > 0
     timeline = [json.loads(x) for x in (tmp_path / "admission.jsonl").read_text().splitlines()]
     assert timeline and all(r["buffered"] + r["running"] <= 2 for r in timeline)
+
+
+HELD = {f"p{i:02d}" for i in range(0, 20, 4)}  # the held-out instances (evaluation)
+
+
+def sample_of(session: str) -> int:
+    return int(session.rsplit("_", 1)[1])
+
+
+def test_a_group_that_outlives_the_budget_is_trained_with_a_warning(
+    tmp_path: Path, tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first group's episodes wait until 3 steps are published; S = 1 lets the run go
+    on without it; it arrives with lag > S, is trained on, and its lag is recorded."""
+    sampler_box: list[SimulatedSampler] = []
+
+    async def held_back(session: str) -> None:
+        if session.split("_")[0] not in HELD and sample_of(session) < 2:  # group 0
+            while sampler_box[0].publishes < 4:  # the start's publication + 3 steps
+                await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="agentrl.trainer"):
+        train(tmp_path, tiny_dir, steps=5, groups=1, staleness=1, hold=held_back, box=sampler_box)
+    train_rows = rows(tmp_path)
+    assert len(train_rows) == 5
+    late = [r for r in train_rows if r["stale_groups"]]
+    assert len(late) == 1 and late[0]["lag_max"] >= 3 and late[0]["step"] >= 4
+    assert "exceeds max_staleness_steps 1 (trained on)" in caplog.text
+    for r in train_rows:  # the budget held all the same
+        assert r["buffered"] + r["running"] <= 2
+    trained = [t for t in TrajectoryStore(tmp_path / "trajectories.jsonl") if t.consumed_step]
+    group0 = [t for t in trained if sample_of(t.trajectory_id) < 2]
+    assert len(group0) == 2 and all(t.scheduled_step == 0 for t in group0)
+
+
+def test_zero_variance_groups_are_filtered_and_free_their_slots(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """Prompts p01-p07 always lose (no signal): filtered, replaced, never trained; S = 0
+    and a full budget of such groups would deadlock if filtering kept their slots."""
+    losers = {f"p{i:02d}" for i in range(1, 8)}
+
+    def wins(session: str) -> bool:
+        return session.split("_")[0] not in losers and outcome_by_sample(session)
+
+    train(tmp_path, tiny_dir, steps=4, groups=2, staleness=0, wins=wins)
+    train_rows = rows(tmp_path)
+    assert len(train_rows) == 4
+    trained_prompts = {p for r in train_rows for p in r["prompts"]}
+    assert not {p.split(":")[1] for p in trained_prompts} & losers
+    assert train_rows[-1]["filtered"] > 0
+    trajs = list(TrajectoryStore(tmp_path / "trajectories.jsonl"))
+    filtered = [t for t in trajs if t.consumed_step is None]
+    assert filtered and {t.group_id for t in filtered} <= losers
+    assert all(t.reward == 0.0 for t in filtered)
+
+
+def test_an_all_zero_reward_dataset_ends_with_a_clear_error_not_a_hang(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    with pytest.raises(ConfigError, match="epoch 0 could not fill one mini-batch: 15 of its"):
+        train(tmp_path, tiny_dir, steps=2, groups=2, staleness=0, wins=lambda s: False)
+    end = rows(tmp_path, "epoch_end")
+    assert end == [
+        {
+            "kind": "epoch_end",
+            "step": 0,
+            "epoch": 0,
+            "trained_prompts": 0,
+            "filtered_prompts": 15,
+            "partial_batch": [],
+        }
+    ]
+    # Unfiltered, the same data trains (steps without a gradient are skipped, not stuck).
+    summary, _ = train(
+        tmp_path / "unfiltered",
+        tiny_dir,
+        steps=2,
+        groups=2,
+        staleness=0,
+        wins=lambda s: False,
+        filter_zero_variance=False,
+    )
+    assert summary["steps"] == 2
+    assert all(
+        r["skipped"] == "no group had a reward spread" for r in rows(tmp_path / "unfiltered")
+    )
+
+
+def test_an_epoch_that_cannot_fill_a_batch_ends_with_its_partial_batch_reported(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """15 training prompts in mini-batches of 4 groups: 3 steps, then 3 groups left over
+    (reported, not trained); epoch 1 starts with a fresh permutation."""
+    train(tmp_path, tiny_dir, steps=4, groups=4, staleness=1)
+    ends = rows(tmp_path, "epoch_end")
+    assert len(ends) == 1 and ends[0]["step"] == 3 and ends[0]["trained_prompts"] == 12
+    assert len(ends[0]["partial_batch"]) == 3
+    train_rows = rows(tmp_path)
+    assert [r["epoch"] for r in train_rows] == [0, 0, 0, 1]
+    epoch0 = [p for r in train_rows[:3] for p in r["prompts"]]
+    assert len(set(epoch0)) == 12  # no prompt twice in an epoch
+    assert not set(ends[0]["partial_batch"]) & set(epoch0)
+
+
+def test_resume_after_a_crash_mid_epoch_skips_exactly_the_consumed_prompts(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """A crash while publishing step 4 (checkpoint of step 3 complete, groups in flight
+    and filtered after it); the resumed run trains steps 4-6 on prompts none of which
+    was trained or filtered before the checkpoint, and never repeats one."""
+    losers = {"p01", "p02", "p03"}
+
+    def wins(session: str) -> bool:
+        return session.split("_")[0] not in losers and outcome_by_sample(session)
+
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(tmp_path, tiny_dir, steps=6, groups=2, staleness=1, wins=wins, crash_after=4)
+    before = rows(tmp_path)
+    assert [r["step"] for r in before] == [1, 2, 3]
+    meta = (tmp_path / "checkpoints" / "step-000003" / "meta.json").read_text()
+    ckpt = json.loads(meta)["extra"]
+    used = set(ckpt["trained_prompts"]) | set(ckpt["filtered_prompts"])
+    assert set(ckpt["trained_prompts"]) == {p for r in before for p in r["prompts"]}
+
+    train(tmp_path, tiny_dir, steps=6, groups=2, staleness=1, wins=wins, resume=True)
+    after = rows(tmp_path)
+    assert [r["step"] for r in after] == [1, 2, 3, 4, 5, 6]
+    assert after[:3] == before  # the lines of steps 1-3 were kept as they were
+    resumed_prompts = [p for r in after[3:] for p in r["prompts"]]
+    assert not set(resumed_prompts) & used
+    all_prompts = [p for r in after for p in r["prompts"]]
+    assert len(all_prompts) == len(set(all_prompts)) == 12  # one epoch: none twice
+    trajs = list(TrajectoryStore(tmp_path / "trajectories.jsonl"))
+    ids = [t.trajectory_id for t in trajs]
+    assert len(ids) == len(set(ids))
+    groups: dict[str, set[int | None]] = {}
+    for t in trajs:  # every stored group was trained once, or filtered once
+        groups.setdefault(t.group_id, set()).add(t.consumed_step)
+    assert all(len(steps) == 1 for steps in groups.values())
+
+
+def test_with_staleness_replies_span_publications_and_each_token_keeps_its_version(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """S = 2 and long replies: publications land mid-reply (pause keep); the ledger then
+    shows two versions in one reply, never one newer than the consuming step's."""
+    train(tmp_path, tiny_dir, steps=5, groups=1, staleness=2, tokens=lambda s: 300)
+    train_rows = rows(tmp_path)
+    first = train_rows[0]["policy_version"] - 1
+    trained = [
+        t for t in TrajectoryStore(tmp_path / "trajectories.jsonl") if t.consumed_step is not None
+    ]
+    spanning = 0
+    for t in trained:
+        sampled = [v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
+        assert sampled == sorted(sampled)
+        assert first + t.scheduled_step <= sampled[0] and sampled[-1] <= first + t.consumed_step
+        spanning += len(set(sampled)) > 1
+    assert spanning > 0
+    ages = {int(k) for r in train_rows for k in r["tokens_by_age"]}
+    assert max(ages) >= 1
+    assert max(int(k) for r in train_rows for k in r["lag"]) >= 1

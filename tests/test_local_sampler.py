@@ -314,6 +314,33 @@ def test_pause_keep_parks_the_batch_and_stamps_each_token_with_its_weights(
         assert c.token_versions == sorted(c.token_versions)
 
 
+def test_update_weights_with_publish_pause_keep_lands_mid_reply(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    """The async trainer's publication: one update_weights call pauses (keep), swaps and
+    resumes; the running batch decodes on under the new version."""
+    old, new = sampler.policy_version, sampler.policy_version + 1
+    state = {k: v.clone() for k, v in sampler.model.state_dict().items()}
+
+    async def go() -> list[Completion]:
+        tasks = [
+            asyncio.create_task(sampler.generate(p, SamplingParams(max_tokens=60, seed=i)))
+            for i, p in enumerate(prompts[:2])
+        ]
+        await asyncio.sleep(0.6)  # the batch is decoding
+        await asyncio.to_thread(sampler.update_weights, state, new)
+        assert not sampler.is_paused  # resumed by the update itself
+        return await asyncio.gather(*tasks)
+
+    sampler.publish_pause = "keep"
+    try:
+        done = asyncio.run(go())
+    finally:
+        sampler.publish_pause = None
+    assert any(old in c.token_versions and new in c.token_versions for c in done)
+    assert all(c.finish_reason != "abort" and c.policy_version == old for c in done)
+
+
 def test_pause_abort_cuts_the_batch_with_the_old_version(
     sampler: LocalSampler, prompts: list[list[int]]
 ) -> None:

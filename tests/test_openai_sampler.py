@@ -353,6 +353,7 @@ class Script:
         self.replies = list(replies)
         self.posts = 0
         self.model_lists = 0
+        self.bodies: list[dict[str, Any]] = []
 
 
 @pytest.fixture
@@ -365,7 +366,7 @@ def fake() -> Iterator[tuple[Script, str]]:
             self._reply(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+            script.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             reply = script.replies[min(script.posts, len(script.replies) - 1)]
             script.posts += 1
             if isinstance(reply, float):
@@ -414,6 +415,16 @@ def test_5xx_twice_then_success_after_counted_retries(fake: tuple[Script, str]) 
     assert (c.token_ids, c.logprobs, c.finish_reason) == ([5, 6], [-0.5, -0.25], "stop")
     assert c.policy_version == 7  # no header: the sampler's own counter
     assert sampler.stats.retries == 2 and script.posts == 3
+    assert "cache_salt" not in script.bodies[0]  # off unless asked (a hosted API may refuse it)
+
+
+def test_the_cache_salt_carries_the_weights_version(fake: tuple[Script, str]) -> None:
+    script, url = fake
+    script.replies = [(200, GOOD)]
+    sampler = OpenAISampler(url, cache_salt=True)
+    sampler.set_policy_version(3)
+    generate(sampler)
+    assert script.bodies[-1]["cache_salt"] == "agentrl-v3"
 
 
 def test_5xx_every_time_gives_up_with_the_message(fake: tuple[Script, str]) -> None:

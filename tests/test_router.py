@@ -26,6 +26,7 @@ from typing import Any
 import httpx2
 import pytest
 import torch
+import yaml
 
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.inference.base import Completion, SamplingParams
@@ -162,11 +163,14 @@ def test_a_publication_moves_the_weights_into_every_replica(
     model.load_state_dict(changed)
     expected = _sample(LocalSampler(model), prompt)
     assert expected.logprobs != before.logprobs  # the change shows
-    router = _router(servers, transfer=transfer, publish_dir=tmp_path / "published")
+    router = _router(
+        servers, transfer=transfer, publish_dir=tmp_path / "published", clear_kv_cache=True
+    )
     try:
         version = router.policy_version + 1
         router.update_weights(changed, version)
         assert router.versions() == {s.url: version for s in servers}
+        assert router.stats.cache_resets == 2  # each replica's prefix cache cleared
         assert all(r["version"] == version and not r["quarantined"] for r in router.status())
         got = _gather(router, *[(prompt, _SEEDED, f"w-{i}") for i in range(2)])
         assert {c.replica for c in got} == {s.url for s in servers}
@@ -359,37 +363,66 @@ def test_bad_router_input_fails_clearly() -> None:
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_sync_training_through_serve_replicas(servers: list[Server], tmp_path: Path) -> None:
-    """One step of the trainer tests' config, sampling on both replicas through the router."""
+def test_async_training_through_serve_replicas_survives_one_failing_the_sync(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    """The trainer tests' task under the async schedule, sampling on both replicas. After
+    the first step one replica stops answering (SIGSTOP): it misses the next publication,
+    is quarantined, its in-flight requests fail over, and the run finishes on the other."""
     from agentrl.trajectory import TrajectoryStore
 
-    config = Path(__file__).parent / "data" / "train" / "train.yaml"
+    data = Path(__file__).parent / "data" / "train"
+    config = yaml.safe_load((data / "train_async.yaml").read_text())
+    config["tasks"] = [str(data / "task.yaml")]
+    config["servers"] = {
+        "urls": [s.url for s in servers],
+        "pause": "keep",  # agentrl serve stamps each token: replies span publications
+        "control_timeout": 5.0,
+        "request_timeout": 20.0,
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "run"
-    urls = ",".join(s.url for s in servers)
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config), "--out", str(out)]
-        + ["--steps", "1", "--servers", urls],
-        capture_output=True,
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "train", str(tmp_path / "train.yaml")]
+        + ["--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=900,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = next(r for r in rows if r["kind"] == "train")
-    # The learner scores exactly what the servers sampled: the first publication put the
-    # learner's weights into both replicas, bit for bit.
-    assert train["logprob_mismatch"] < 1e-3
-    start = train["policy_version"] - 1  # the version the run's first publication set
-    assert [r["version"] for r in train["replicas"]] == [start + 1] * 2
-    assert all(r["quarantined"] is None for r in train["replicas"])
-    trajs = [t for t in TrajectoryStore(out / "trajectories.jsonl") if t.scheduled_step == 0]
-    assert len(trajs) == 8
-    used = set()
+    stopped = servers[1]
+    assert stopped.proc is not None
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and '"kind": "train"' in metrics.read_text()):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        stopped.proc.send_signal(signal.SIGSTOP)
+        output = proc.communicate(timeout=600)[0]
+    finally:
+        stopped.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    stopped.wait_up()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    first, second = [r for r in rows if r["kind"] == "train"]
+    start = first["policy_version"] - 1  # the version the run's first publication set
+    assert [r["version"] for r in first["replicas"]] == [start + 1] * 2
+    # Step 1 trains on tokens of the first publication only: the learner scores exactly
+    # what the servers sampled (the weights arrived bit for bit).
+    assert first["tokens_by_age"] == {"0": first["sampled_tokens"]}
+    assert first["logprob_mismatch"] < 1e-3
+    status = {r["replica"]: r for r in second["replicas"]}
+    assert status[servers[0].url]["version"] == start + 2
+    assert f"missed version {start + 2}" in (status[stopped.url]["quarantined"] or "")
+    assert first["submitted"] == first["accepted"] + first["filtered"] + first["running"]
+    trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
+    assert {t.consumed_step for t in trajs if t.consumed_step is not None} == {0, 1}
     for t in trajs:
-        replicas = {turn.replica for turn in t.turns}
-        assert len(replicas) <= 1  # every turn of a trajectory on one replica
-        used |= replicas
         sampled = [v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
-        assert set(sampled) <= {start}
+        assert sampled == sorted(sampled) and set(sampled) <= {start, start + 1, start + 2}
+    used = {turn.replica for t in trajs for turn in t.turns}
     assert used == {s.url for s in servers}
     assert not list((out / "published").iterdir())  # the router cleans up its folders

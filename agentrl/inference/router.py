@@ -103,6 +103,7 @@ class RouterStats:
     continuations: int = 0  # replies cut by a publication's pause and finished afterwards
     publishes: int = 0
     quarantines: int = 0  # replicas put out of service for missing a version
+    cache_resets: int = 0  # replicas whose prefix cache a publication cleared
     publish_seconds: list[float] = field(default_factory=list)
 
 
@@ -563,9 +564,9 @@ class Router:
                     failed |= await self._by_collective(live, version, state)
                 confirmed = await self._versions()
                 if self.clear_kv_cache:  # a failure here costs reuse, never correctness
-                    await self._fan(
-                        [r for r in live if r.name not in failed], "POST", "/reset_prefix_cache"
-                    )
+                    ok = [r for r in live if r.name not in failed]
+                    missed = await self._fan(ok, "POST", "/reset_prefix_cache")
+                    self.stats.cache_resets += len(ok) - len(missed)
             finally:
                 await self._resume()
             for replica in targets:

@@ -12,12 +12,15 @@ in-flight requests kept for `TRANSFER_S` (the weights' transfer), like a vLLM se
 under pause "keep".
 
 Workload, per episode (seeded by prompt and sample slot, so every arm sees the same
-episodes for the same prompt): 3 turns; each turn decodes lognormal(median 120 tokens,
-sigma 1.1) clipped [16, 2500] tokens and runs `sleep` for lognormal(median 0.15 s,
-sigma 1.0) clipped [0.02, 3] s; the last command wins (creates the file the grader
-looks for) with probability 1/2. Decode steps take 2.5 ms + 0.0325 ms per request in
-flight (the dispatch benchmark's vLLM fit at half scale). The tail is long: a step's
-slowest episode typically takes several times its median one.
+episodes for the same prompt): round(lognormal(median 3, sigma 0.6)) turns clipped to
+[1, 12] (agent trajectories vary most in their number of turns: SWE-agent runs take
+~18-24 turns with a maximum of 50, ../shared/reference/skyrl-agent-notes.md); each turn
+decodes lognormal(median 100 tokens, sigma 1.0) clipped [16, 2500] tokens and runs
+`sleep` for lognormal(median 0.15 s, sigma 1.0) clipped [0.02, 3] s; the last command
+wins (creates the file the grader looks for) with probability 1/2. Decode steps take
+2.5 ms + 0.0325 ms per request in flight (the dispatch benchmark's vLLM fit at half
+scale). The tail is long: a step's slowest episode typically takes several times its
+median one. `--fixed-turns 3` gives every episode 3 turns (a milder tail).
 
 Sync: generate B groups, wait for the slowest episode, train, publish, repeat. Async:
 groups are admitted while accepted + running <= (S + s) * B; the trainer takes any B
@@ -74,7 +77,8 @@ from agentrl.trainer import Trainer
 RESULTS = Path(__file__).parent / "results"
 LATENCY = LatencyModel(base_s=0.0025, per_request_s=0.0000325)
 TRANSFER_S = 0.2
-GROUPS, SAMPLES, TURNS = 4, 4, 3
+GROUPS, SAMPLES, MAX_TURNS = 4, 4, 12
+FIXED_TURNS: int | None = None  # --fixed-turns
 TRAIN_PROMPTS = 256
 
 TASK_YAML = """\
@@ -86,14 +90,13 @@ sandbox:
 instances:
 {instances}
 prompt:
-  action_format: bash_block
   system: You run shell commands.
   instance: Go.
-tools: [bash]
+tools: [bash, finish]
 limits:
   max_turns: {turns}
-  max_new_tokens: 64
-  context_length: 512
+  max_new_tokens: 96
+  context_length: 4096
   tool_timeout: 30
   episode_timeout: 600
 sampling:
@@ -114,13 +117,21 @@ def script(session: str) -> Script:
     prompt, sample = session.rsplit("_", 1)
     key = f"{prompt}/{int(sample) % SAMPLES}"
     rng = random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+    turns = FIXED_TURNS or round(lognormal(rng, 3, 0.6, 1, MAX_TURNS))
+    win = rng.random() < 0.5
     replies, tokens = [], []
-    for turn in range(TURNS):
+    for turn in range(turns):  # the last turn's command decides the reward
         sleep = lognormal(rng, 0.15, 1.0, 0.02, 3.0)
-        tail = "; touch ok" if turn == TURNS - 1 and rng.random() < 0.5 else ""
-        replies.append(f"```bash\nsleep {sleep:.3f}{tail}\n```")
-        tokens.append(round(lognormal(rng, 120, 1.1, 16, 2500)))
+        command = f"sleep {sleep:.3f}" + ("; touch ok" if turn == turns - 1 and win else "")
+        replies.append(_call("bash", command=command))
+        tokens.append(round(lognormal(rng, 100, 1.0, 16, 2500)))
+    replies.append(_call("finish", message="done"))
+    tokens.append(16)
     return Script(replies=replies, tokens=tokens)
+
+
+def _call(name: str, **arguments: str) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def tiny_model(folder: Path) -> Path:
@@ -143,11 +154,18 @@ def arm(name: str, staleness: int | None, steps: int, work: Path, model: Path) -
     task_file = work / "task.yaml"
     out = work / name
     schedule: SyncSchedule | AsyncSchedule
-    common = {"steps": steps, "prompts_per_step": GROUPS, "n_samples_per_prompt": SAMPLES}
     if staleness is None:
-        schedule = SyncSchedule(type="sync", **common)
+        schedule = SyncSchedule(
+            type="sync", steps=steps, prompts_per_step=GROUPS, n_samples_per_prompt=SAMPLES
+        )
     else:
-        schedule = AsyncSchedule(type="async", max_staleness_steps=staleness, **common)
+        schedule = AsyncSchedule(
+            type="async",
+            steps=steps,
+            prompts_per_step=GROUPS,
+            n_samples_per_prompt=SAMPLES,
+            max_staleness_steps=staleness,
+        )
     config = TrainConfig(
         name=name,
         tasks=[str(task_file)],
@@ -238,7 +256,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--out", type=Path, default=RESULTS / "async_training.json")
+    parser.add_argument("--fixed-turns", type=int, help="every episode this many turns")
     args = parser.parse_args()
+    global FIXED_TURNS
+    FIXED_TURNS = args.fixed_turns
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     arms: list[tuple[str, int | None]] = [("sync", None)]
@@ -248,7 +269,7 @@ def main() -> None:
         work = Path(tmp)
         n = TRAIN_PROMPTS + TRAIN_PROMPTS // 63 + 1  # every 64th is held out
         instances = "\n".join(f"  - {{id: q{i:03d}}}" for i in range(n))
-        (work / "task.yaml").write_text(TASK_YAML.format(instances=instances, turns=TURNS))
+        (work / "task.yaml").write_text(TASK_YAML.format(instances=instances, turns=MAX_TURNS + 1))
         model = tiny_model(work / "model")
         for name, staleness in arms:
             print(f"[async_training] {name} ...", flush=True)
@@ -270,7 +291,7 @@ def main() -> None:
         "workload": {
             "groups_per_step": GROUPS,
             "samples_per_group": SAMPLES,
-            "turns": TURNS,
+            "turns": FIXED_TURNS or f"lognormal(median 3, sigma 0.6) in [1, {MAX_TURNS}]",
             "latency": LATENCY.model_dump(),
             "transfer_s": TRANSFER_S,
         },

@@ -142,7 +142,7 @@ def tiny_model(folder: Path) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=4096,
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)

@@ -5,7 +5,7 @@
 Every arm trains the same number of steps with the real trainer: the real pipeline
 dispatcher, real sandboxes (the `local` provider: a shell per episode, real `sleep`
 tool calls, a real grader command) and the native FSDP backend training a small
-randomly initialised Llama (2 layers, hidden 64, the SmolLM2 vocabulary) on the
+randomly initialised Llama (2 layers, hidden 32, the SmolLM2 vocabulary) on the
 episodes' real tokens. Only generation is simulated (`agentrl.inference.simulated`, no
 GPU here), with a continuous-batching latency model; a publication pauses it with
 in-flight requests kept for `TRANSFER_S` (the weights' transfer), like a vLLM server
@@ -30,7 +30,8 @@ in the async arms (the default) and trained as no-ops in sync.
 The trainer runs with one torch thread (`torch.set_num_threads(1)`): on a real node it
 trains on GPUs while the CPUs run sandboxes and the dispatcher; on this 2-core machine the
 rollout machinery (event loop, shells, graders) gets the other core instead of competing
-with two intra-op threads for both.
+with two intra-op threads for both. The model is sized so that a training step takes
+about a quarter of a sync step, as generation dominates agentic RL steps.
 
 Reported per arm: training wall time (the sum of step times, evaluations excluded), the
 ratio sync / arm, the trainer's idle fraction (waiting for a batch), the sampler's idle
@@ -137,11 +138,11 @@ def _call(name: str, **arguments: str) -> str:
 def tiny_model(folder: Path) -> Path:
     config = LlamaConfig(
         vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=32,
+        intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
     )

@@ -1,11 +1,37 @@
-"""Shared fixtures: a unique run id per test whose containers must all be gone at the end."""
+"""Shared fixtures: a unique run id per test whose containers must all be gone at the end,
+and a tiny randomly initialised Llama for learner tests that need no real model."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+SMOLLM2_VOCAB = 49152  # the tiny model shares the embedded tokenizer's vocabulary
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama (hidden 64, 512 positions) saved as a model folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=SMOLLM2_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
 
 
 def labelled_containers(run_id: str) -> list[str]:

@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.async_schedule import Admission, BudgetError, Group, GroupBuffer
 from agentrl.backends.fsdp import FSDPConfig
@@ -186,24 +184,6 @@ def test_the_buffer_keeps_the_budget_under_random_timings(
 
 
 # --- whole runs -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = LlamaConfig(
-        vocab_size=49152,  # the embedded tokenizer's
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
 
 
 def outcome_by_sample(session: str) -> bool:

@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 from pydantic import ValidationError
 from torch.distributed.tensor import DTensor
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from agentrl.algorithms import LossConfig
 from agentrl.backends import latest_checkpoint, samples_from
@@ -41,24 +41,6 @@ from agentrl.trajectory import StopReason, Trajectory
 PPO = LossConfig(type="ppo")
 SMOLLM2_VOCAB = 49152  # the tiny model shares it, without needing the embedded model
 Factory = Callable[..., FSDPBackend]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = LlamaConfig(
-        vocab_size=SMOLLM2_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
 
 
 @pytest.fixture

@@ -45,7 +45,8 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +185,9 @@ class Trainer:
         self.run_id = f"train-{config.name}-{uuid.uuid4().hex[:6]}"
         self._board: Any = None
         self._given_sampler = sampler
+        # Training steps, publications and checkpoints run on this one thread, off the event
+        # loop: the learner's tensors stay with one thread while generation and tools go on.
+        self._learner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
         self._lines = 0  # metric lines written (a checkpoint records it)
         self._stored = 0  # trajectories written
 
@@ -214,6 +218,7 @@ class Trainer:
         try:
             return await self._lead(backend, resume)
         finally:
+            self._learner.shutdown(wait=True)
             backend.close()
 
     async def _lead(self, backend: FSDPBackend | Leader, resume: bool) -> dict[str, Any]:
@@ -294,7 +299,7 @@ class Trainer:
                     if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or (
                         done == sched.steps
                     ):
-                        await asyncio.to_thread(self._checkpoint, backend, done, extra)
+                        await self._on_learner(self._checkpoint, backend, done, extra)
         summary = self._summary(time.monotonic() - started)
         _plot(self.out / "metrics.jsonl", self.out / "reward.png", cfg.name)
         if isinstance(sched, AsyncSchedule):
@@ -514,8 +519,8 @@ class Trainer:
     async def _train(
         self, backend: FSDPBackend | Leader, sampler: TrainSampler, trajs: list[Trajectory]
     ) -> dict[str, Any]:
-        """Advantages, one optimizer step over `trajs` and the publication, off the event
-        loop (generation, tools and grading go on meanwhile)."""
+        """Advantages, one optimizer step over `trajs` and the publication, on the learner
+        thread (generation, tools and grading go on meanwhile)."""
         cfg = self.config
         advantages = compute_advantages(trajs, cfg.algorithm.advantage)
         samples = samples_from(trajs, advantages)
@@ -524,11 +529,11 @@ class Trainer:
         t1 = time.monotonic()
         if samples and (supervised or any(s.advantage != 0.0 for s in samples)):
             row.update(
-                await asyncio.to_thread(backend.forward_backward, samples, cfg.algorithm.loss)
+                await self._on_learner(backend.forward_backward, samples, cfg.algorithm.loss)
             )
-            row.update(await asyncio.to_thread(backend.optim_step))
+            row.update(await self._on_learner(backend.optim_step))
             t2 = time.monotonic()
-            row["policy_version"] = await asyncio.to_thread(backend.publish, sampler)
+            row["policy_version"] = await self._on_learner(backend.publish, sampler)
         else:  # every group tied: no gradient, nothing to publish; the prompts are consumed
             row["skipped"] = "no group had a reward spread" if samples else "no trainable episode"
             t2 = time.monotonic()
@@ -604,6 +609,9 @@ class Trainer:
         complete = sorted(p for p in self.ckpt_root.glob("step-*") if ".tmp" not in p.name)
         for old in complete[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+    async def _on_learner(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._learner, fn, *args)
 
     def _append(self, store: TrajectoryStore, trajectory: Trajectory) -> None:
         store.append(trajectory)

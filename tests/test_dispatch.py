@@ -117,7 +117,14 @@ def test_stage_timeouts_give_their_stop_reasons(task: Task, tokenizer: Any) -> N
     instances = [instance("slowinit", init_s=30), instance("slowtool", tool_s=30), instance("ok")]
     started = time.monotonic()
     trajs, _, _ = dispatch(
-        task, tokenizer, instances, "pipeline", init_timeout=3, run_timeout=3, init_attempts=1
+        # 8 s: a container start on a loaded 2-core machine can take several seconds.
+        task,
+        tokenizer,
+        instances,
+        "pipeline",
+        init_timeout=8,
+        run_timeout=3,
+        init_attempts=1,
     )
     assert time.monotonic() - started < 25  # neither sleep ran out
     by_id = {t.trajectory_id: t for t in trajs}

@@ -101,7 +101,9 @@ class Run:
     ) -> None:
         self.name, self.limits, self.max_sandboxes = name, limits, max_sandboxes
         self.feed = episodes if isinstance(episodes, Feed) else Feed.of(episodes)
-        self.episodes: list[Episode] = []  # taken from the feed so far
+        # Taken from the feed and not yet finished: what a teardown must close. Finished
+        # ones leave, so a streaming run (the async schedule) holds only its live episodes.
+        self.episodes: set[Episode] = set()
         self.rec = Recorder("generating", "init", "run", "eval", "sandboxes", "unrun")
         self.rec.set("unrun", self.feed.size)
         self.out: asyncio.Queue[Trajectory] = asyncio.Queue()
@@ -119,7 +121,7 @@ class Run:
 
     def _taken(self, ep: Episode | None) -> Episode | None:
         if ep is not None:
-            self.episodes.append(ep)
+            self.episodes.add(ep)
             self._count_unrun()  # a streaming feed grew since the last count
         return ep
 
@@ -179,6 +181,7 @@ class Run:
         )
         self.out.put_nowait(traj)
         await ep.close()
+        self.episodes.discard(ep)
         self.rec.add("sandboxes", -1)
 
     async def stream(self, workers: list[Coroutine[Any, Any, None]]) -> AsyncIterator[Trajectory]:

@@ -618,6 +618,7 @@ class Trainer:
         self._stored += 1
 
     def _log(self, row: dict[str, Any]) -> None:
+        row.setdefault("rss_mb", _rss_mb())
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -901,3 +902,14 @@ def _plot_async(out: Path, name: str, max_staleness: int) -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(png)
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now, in MiB (peak where /proc is missing)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -217,3 +217,36 @@ def test_pipeline_never_has_more_live_sandboxes_than_configured(task: Task, toke
     assert len(trajs) == 9 and all(t.stop_reason == StopReason.finished for t in trajs)
     assert max(seen) == 3  # the bound was reached and never exceeded, as the engine saw it
     assert dispatcher.metrics is not None and dispatcher.metrics.peaks["sandboxes"] <= 3
+
+
+def test_teardown_ends_a_worker_that_swallowed_its_cancellation() -> None:
+    """Python 3.11's wait_for can lose a cancel (the wrapped call finishing as it arrives);
+    the worker then waits on its queue again. cancel_and_wait cancels it again."""
+    from agentrl.dispatch.core import cancel_and_wait
+
+    async def main() -> tuple[int, float]:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        swallowed = 0
+
+        async def worker() -> None:
+            nonlocal swallowed
+            while True:
+                try:
+                    await queue.get()
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed += 1  # what a lost cancel looks like: loop and wait again
+
+        async def failing() -> None:
+            raise ValueError("a worker bug")
+
+        tasks = [asyncio.create_task(worker()), asyncio.create_task(failing())]
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await asyncio.wait_for(cancel_and_wait(tasks, every=0.05), 10)
+        assert all(t.done() for t in tasks)
+        return swallowed, time.monotonic() - start
+
+    swallowed, seconds = asyncio.run(main())
+    assert swallowed == 1 and seconds < 5

@@ -213,8 +213,6 @@ class Run:
                     self.yielded += 1
                     yield get.result()
         finally:
-            for task in tasks:
-                task.cancel()
             await asyncio.shield(self._teardown(tasks))
             self.metrics = summarize(
                 self.rec,
@@ -228,8 +226,26 @@ class Run:
         return self.feed.closed and self.yielded == self.feed.size
 
     async def _teardown(self, tasks: list[asyncio.Task[None]]) -> None:
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         await asyncio.gather(*(ep.close() for ep in self.episodes), return_exceptions=True)
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], *, every: float = 1.0) -> None:
+    """Cancel `tasks` and return when every one has ended (their errors are dropped).
+
+    A task that swallowed its cancellation and awaited again is cancelled again, every
+    `every` seconds: Python 3.11's `asyncio.wait_for` loses a cancel that arrives as the
+    call it wraps finishes, and a dispatcher worker then waits on its queue for ever (a
+    finished async training run hung in teardown this way).
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=every)
+    for task in tasks:  # retrieved, so asyncio does not log them as never retrieved
+        if not task.cancelled():
+            task.exception()
 
 
 async def _guard(ep: Episode, stop: StopReason, stage: Awaitable[None]) -> None:

@@ -27,6 +27,8 @@ sampler's rollout logprobs:
   and trainer probabilities (Yao et al. 2025, "Your efficient RL framework secretly
   brings you off-policy RL training"). Its value is a surrogate; only its gradient means
   something.
+- importance_sampling: -rho A, whose gradient is rho A grad(logprob): the untruncated
+  correction (Tinker's `importance_sampling`).
 - cross_entropy: -logprob (supervised warm-up; advantages are ignored).
 
 Optionally + kl_coef * KL(policy || reference) per token, estimated (Schulman 2020) by
@@ -156,8 +158,10 @@ class LossConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["ppo", "tis", "cross_entropy"] = Field(
-        default="ppo", description="ppo (clipped), tis (truncated IS), cross_entropy (warm-up)"
+    type: Literal["ppo", "tis", "importance_sampling", "cross_entropy"] = Field(
+        default="ppo",
+        description="ppo (clipped), tis (truncated IS), importance_sampling (untruncated), "
+        "cross_entropy (warm-up)",
     )
     clip_low: float = Field(default=0.2, gt=0, lt=1, description="ppo: ratio floor 1 - clip_low")
     clip_high: float = Field(default=0.28, gt=0, description="ppo: ratio ceiling 1 + clip_high")
@@ -272,6 +276,8 @@ def policy_loss(
         weight_B_T = ratio_B_T.detach().clamp(max=config.tis_cap)
         pg_B_T = -weight_B_T * adv_B_1 * lp_B_T
         metrics["tis_capped_frac"] = _local_mean(ratio_B_T > config.tis_cap, on_B_T)
+    elif config.type == "importance_sampling":
+        pg_B_T = -ratio_B_T * adv_B_1
     else:
         pg_B_T = -lp_B_T
 

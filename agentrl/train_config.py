@@ -9,18 +9,32 @@ trained on.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from agentrl.algorithms import AdvantageConfig, LossConfig
 from agentrl.backends.fsdp import FSDPConfig
+from agentrl.backends.tinker import TinkerConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
+from agentrl.errors import ConfigError
 from agentrl.tasks.spec import SnapshotPolicy
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _backend_type(value: Any) -> str:
+    """The backend's `type`, fsdp when left out."""
+    found = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return str(found or "fsdp")
+
+
+BackendConfig = Annotated[
+    Annotated[FSDPConfig, Tag("fsdp")] | Annotated[TinkerConfig, Tag("tinker")],
+    Discriminator(_backend_type),
+]
 
 
 class AlgorithmConfig(_Model):
@@ -117,7 +131,9 @@ class TrainConfig(_Model):
     name: str = Field(description="run name (output folder default: runs/<name>)")
     tasks: list[str] = Field(min_length=1, description="task files or folders, beside this file")
     model: str = Field(default="embedded", description="'embedded' (SmolLM2-135M) or a model dir")
-    backend: FSDPConfig = Field(default_factory=FSDPConfig)
+    backend: BackendConfig = Field(
+        default_factory=FSDPConfig, description="fsdp (native, torch) or tinker (a Tinker service)"
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     schedule: SyncSchedule | AsyncSchedule = Field(discriminator="type")
     dispatcher: DispatchConfig = Field(default_factory=PipelineConfig)
@@ -131,6 +147,12 @@ class TrainConfig(_Model):
         default=None, description="sandbox snapshots for replay; default: each task's own"
     )
     seed: int = Field(default=0, description="data order and the backend's RNGs")
+    temperature: float | None = Field(
+        default=None,
+        gt=0,
+        description="sample every task at this temperature, in training and evaluation "
+        "(e.g. 1.0 for the tinker backend); null: each task's own sampling.temperature",
+    )
 
     @model_validator(mode="after")
     def _groups(self) -> TrainConfig:
@@ -139,6 +161,15 @@ class TrainConfig(_Model):
             raise ValueError(
                 f"advantage {estimator} compares the episodes of a prompt: "
                 "schedule.n_samples_per_prompt must be at least 2"
+            )
+        try:
+            self.backend.validate_loss(self.algorithm.loss)
+        except ConfigError as e:  # pydantic keeps only the message: carry the fix in it
+            raise ValueError(f"{e.message} ({e.fix})" if e.fix else e.message) from e
+        if isinstance(self.backend, TinkerConfig) and self.servers is not None:
+            raise ValueError(
+                "servers: the tinker backend samples on the Tinker service's own sampling "
+                "clients; remove servers (or use backend type fsdp)"
             )
         return self
 

@@ -59,7 +59,7 @@ from agentrl.algorithms import compute_advantages, group_stats
 from agentrl.async_schedule import Admission, Group, GroupBuffer, MeteredSampler, no_signal
 from agentrl.backends.base import WeightSink, samples_from
 from agentrl.backends.checkpoint import latest_checkpoint
-from agentrl.dispatch.core import Feed
+from agentrl.dispatch.core import Feed, cancel_and_wait
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.runner import RunInfo, make_env, write_atomic, write_run_info
@@ -70,10 +70,7 @@ from agentrl.trajectory import Trajectory, TrajectoryStore
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.backends.fsdp import FSDPBackend
-    from agentrl.backends.ranks import Leader
-    from agentrl.inference.local import LocalSampler
-    from agentrl.inference.router import Router
+    from agentrl.backends.base import TrainerBackend
     from agentrl.tasks.spec import Instance, Task
     from agentrl.train_config import TrainConfig
 
@@ -164,7 +161,8 @@ class Trainer:
         show_progress: bool = True,
         sampler: TrainSampler | None = None,
     ) -> None:
-        self.config, self.tasks, self.out = config, list(tasks), out_dir
+        self.config, self.out = config, out_dir
+        self.tasks = [_at_temperature(t, config.temperature) for t in tasks]
         self.task_paths = [t.path for t in self.tasks]
         self.show_progress = show_progress
         self.train, self.held = split(self.tasks, config.eval.holdout_every)
@@ -201,11 +199,18 @@ class Trainer:
         backend_cfg.check().validate_loss(cfg.algorithm.loss)
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
+        if world > 1 and backend_cfg.type != "fsdp":
+            raise ConfigError(
+                f"backend {backend_cfg.type} trains on its service: run it without torchrun",
+                fix="start `agentrl train` as one process",
+            )
         built = backend_cfg.build(None if cfg.model == "embedded" else cfg.model)
-        backend: FSDPBackend | Leader = built
+        backend: TrainerBackend = built
         if world > 1:  # under torchrun: rank 0 leads, the others mirror its backend calls
+            from agentrl.backends.fsdp import FSDPBackend
             from agentrl.backends.ranks import Leader, control_group, follow
 
+            assert isinstance(built, FSDPBackend)  # the world > 1 check above
             group = control_group()
             if rank != 0:
                 try:
@@ -221,14 +226,14 @@ class Trainer:
             self._learner.shutdown(wait=True)
             backend.close()
 
-    async def _lead(self, backend: FSDPBackend | Leader, resume: bool) -> dict[str, Any]:
+    async def _lead(self, backend: TrainerBackend, resume: bool) -> dict[str, Any]:
         """Rank 0 (or the only rank): rollouts, training calls, files."""
         from agentrl.inference.embedded import load_tokenizer
         from agentrl.sandbox import provider as make_provider
 
         cfg = self.config
         tokenizer = load_tokenizer()
-        sampler = self._given_sampler or _sampler(cfg, self.out)
+        sampler = self._given_sampler or _sampler(cfg, self.out, backend)
         provider = make_provider(cfg.provider)
         envs = [make_env(task, provider, self.run_id) for task in self.tasks]
         resumed: dict[str, Any] = {}
@@ -259,7 +264,7 @@ class Trainer:
 
     async def _loop(
         self,
-        backend: FSDPBackend | Leader,
+        backend: TrainerBackend,
         sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
         envs: list[TaskEnv],
@@ -314,7 +319,7 @@ class Trainer:
         envs: list[TaskEnv],
         progress: Progress,
         store: TrajectoryStore,
-        backend: FSDPBackend | Leader,
+        backend: TrainerBackend,
     ) -> AsyncGenerator[tuple[dict[str, Any], dict[str, Any]], None]:
         """The sync schedule's steps: (metrics row, checkpoint extra) after each."""
         cfg, sched = self.config, self.config.schedule
@@ -364,7 +369,7 @@ class Trainer:
         envs: list[TaskEnv],
         store: TrajectoryStore,
         resumed: dict[str, Any],
-        backend: FSDPBackend | Leader,
+        backend: TrainerBackend,
     ) -> AsyncGenerator[tuple[dict[str, Any], dict[str, Any]], None]:
         """The fully-async schedule's steps: (metrics row, checkpoint extra) after each."""
         from agentrl.dispatch import make_dispatcher
@@ -511,13 +516,11 @@ class Trainer:
                 yield row, data.to_extra()
         finally:
             feed.close()
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await cancel_and_wait(workers)
             timeline.flush()
 
     async def _train(
-        self, backend: FSDPBackend | Leader, sampler: TrainSampler, trajs: list[Trajectory]
+        self, backend: TrainerBackend, sampler: TrainSampler, trajs: list[Trajectory]
     ) -> dict[str, Any]:
         """Advantages, one optimizer step over `trajs` and the publication, on the learner
         thread (generation, tools and grading go on meanwhile)."""
@@ -528,10 +531,7 @@ class Trainer:
         supervised = cfg.algorithm.loss.type == "cross_entropy"  # advantages unused
         t1 = time.monotonic()
         if samples and (supervised or any(s.advantage != 0.0 for s in samples)):
-            row.update(
-                await self._on_learner(backend.forward_backward, samples, cfg.algorithm.loss)
-            )
-            row.update(await self._on_learner(backend.optim_step))
+            row.update(await self._on_learner(backend.train_step, samples, cfg.algorithm.loss))
             t2 = time.monotonic()
             row["policy_version"] = await self._on_learner(backend.publish, sampler)
         else:  # every group tied: no gradient, nothing to publish; the prompts are consumed
@@ -596,7 +596,7 @@ class Trainer:
             progress.remove_task(bar)
         return out
 
-    def _checkpoint(self, backend: FSDPBackend | Leader, done: int, extra: dict[str, Any]) -> None:
+    def _checkpoint(self, backend: TrainerBackend, done: int, extra: dict[str, Any]) -> None:
         # What was written up to now: a resume drops what comes after.
         written = {"metrics_lines": self._lines, "trajectories": self._stored}
         path = backend.save_checkpoint(
@@ -762,6 +762,14 @@ def _eval_view(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("step", "reward_mean", "reward_ci95", "pass_rate", "episodes")}
 
 
+def _at_temperature(task: Task, temperature: float | None) -> Task:
+    """`task` sampling at `temperature` (the train config's override), or as it is."""
+    if temperature is None:
+        return task
+    sampling = task.spec.sampling.model_copy(update={"temperature": temperature})
+    return task.model_copy(update={"spec": task.spec.model_copy(update={"sampling": sampling})})
+
+
 def _temperature(tasks: Sequence[Task]) -> float:
     """The one sampling temperature of the run; the learner divides its logits by it."""
     temps = {t.spec.sampling.temperature for t in tasks}
@@ -786,8 +794,12 @@ def _temperature(tasks: Sequence[Task]) -> float:
     return temp
 
 
-def _sampler(cfg: TrainConfig, out: Path) -> LocalSampler | Router:
+def _sampler(cfg: TrainConfig, out: Path, backend: TrainerBackend) -> TrainSampler:
+    from agentrl.backends.tinker import TinkerBackend
     from agentrl.inference.local import LocalSampler
+
+    if isinstance(backend, TinkerBackend):  # samples what the service publishes
+        return backend.sampler()
 
     if cfg.servers is not None:
         from agentrl.inference.router import Router

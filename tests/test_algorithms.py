@@ -249,6 +249,19 @@ def test_tis_weights_are_truncated_and_held_constant():
     assert_grad(lp, [[-1 / 3, -2 / 3, -4 / 3]])
 
 
+def test_importance_sampling_weights_are_not_truncated():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.0 + math.log(2), -2.0, -0.5 - math.log(3)]], dtype=F64)
+    adv = torch.tensor([2.0], dtype=F64)
+    config = LossConfig(type="importance_sampling")
+    loss, _ = policy_loss(lp, old, adv, torch.ones(1, 3), config, total_tokens=3, total_seqs=1)
+    # ratios 0.5, 1, 3 (not capped); -rho*A = -1, -2, -6 -> -9/3
+    assert loss.item() == pytest.approx(-3.0)
+    loss.backward()
+    # d(-rho A)/d lp = -rho A / 3
+    assert_grad(lp, [[-1 / 3, -2 / 3, -6 / 3]])
+
+
 def test_cross_entropy_ignores_advantages_and_padding():
     lp = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]], dtype=F64, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -348,7 +361,7 @@ def test_padding_values_never_reach_loss_or_gradient():
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
-@pytest.mark.parametrize("loss_type", ["ppo", "tis", "cross_entropy"])
+@pytest.mark.parametrize("loss_type", ["ppo", "tis", "importance_sampling", "cross_entropy"])
 def test_micro_batches_sum_to_the_full_batch(aggregation, loss_type):
     g = torch.Generator().manual_seed(0)
     lp = (-torch.rand(4, 6, generator=g, dtype=F64) * 3).requires_grad_()

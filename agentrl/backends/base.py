@@ -147,8 +147,10 @@ class TrainerBackend(Protocol):
     and each call's loss is normalised by its own batch's token and sequence counts.
     """
 
-    step: int
-    """Optimizer steps done."""
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        ...
 
     def forward_backward(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
         """Accumulate gradients of `loss` over `samples`; returns loss and metrics, among
@@ -157,6 +159,11 @@ class TrainerBackend(Protocol):
 
     def optim_step(self) -> dict[str, float]:
         """Clip, step, advance the LR schedule, zero gradients; returns grad_norm and lr."""
+        ...
+
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
+        """forward_backward then optim_step, their metrics merged; a remote backend submits
+        both before waiting for either."""
         ...
 
     def save_checkpoint(

@@ -9,6 +9,10 @@ are collective), padding with an empty one where a rank has fewer.
 
 Process groups come from `agentrl.backends.process_group` (torchrun's, or a world of one
 on loopback); checkpoints use the shared atomic layout of `agentrl.backends.checkpoint`.
+
+With `lora` set, the base weights are frozen and only the adapters of
+`agentrl.backends.lora` train (and are checkpointed); `publish` merges them into plain
+weights, and the reference policy is the base model, computed with the adapters off.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -40,8 +44,10 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from agentrl.algorithms import LossConfig, policy_loss
-from agentrl.backends import base, checkpoint
+from agentrl.backends import base, checkpoint, lora
 from agentrl.backends.base import Sample, WeightSink
+from agentrl.backends.lora import LoraSpec
+from agentrl.backends.optim import OptimizerConfig
 from agentrl.backends.process_group import join_process_group, leave_process_group
 from agentrl.errors import ConfigError
 
@@ -50,22 +56,10 @@ log = logging.getLogger(__name__)
 _SUMMED_METRICS = frozenset({"loss", "pg_loss", "kl_loss", "tokens"})  # the rest: token means
 
 
-class FSDPConfig(BaseModel):
+class FSDPConfig(OptimizerConfig):
     """Optimizer, schedule and batching of the FSDP backend."""
 
-    model_config = ConfigDict(extra="forbid")
-
     type: Literal["fsdp"] = "fsdp"
-    lr: float = Field(default=1e-5, gt=0, description="peak learning rate (AdamW)")
-    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay")
-    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon")
-    schedule: Literal["constant", "linear", "cosine"] = Field(
-        default="constant", description="after warm-up: hold, or decay to 0 at total_steps"
-    )
-    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up: step s uses (s+1)/w")
-    total_steps: int | None = Field(default=None, ge=1, description="needed by linear and cosine")
-    max_grad_norm: float | None = Field(default=1.0, gt=0, description="clip; null: no clipping")
     micro_batch_tokens: int = Field(
         default=4096, ge=1, description="padded tokens per forward pass (a longer sample: alone)"
     )
@@ -78,16 +72,13 @@ class FSDPConfig(BaseModel):
     gradient_checkpointing: bool = Field(default=False, description="recompute activations")
     seed: int = Field(default=0, description="seeds torch, python and numpy at start")
     reference_model: bool = Field(
-        default=False, description="keep a frozen copy of the initial weights for KL"
+        default=False,
+        description="a reference policy for KL: a frozen copy of the initial weights (with "
+        "lora: the base model, adapters off, at no extra memory)",
     )
-
-    @model_validator(mode="after")
-    def _schedule(self) -> FSDPConfig:
-        if self.schedule != "constant" and self.total_steps is None:
-            raise ValueError(f"schedule {self.schedule} needs total_steps")
-        if self.total_steps is not None and self.warmup_steps > self.total_steps:
-            raise ValueError(f"warmup_steps {self.warmup_steps} > total_steps {self.total_steps}")
-        return self
+    lora: LoraSpec | None = Field(
+        default=None, description="train LoRA adapters on frozen weights; null: full weights"
+    )
 
     def check(self) -> FSDPConfig:
         """Reject what this machine cannot run (before any model is loaded)."""
@@ -106,18 +97,6 @@ class FSDPConfig(BaseModel):
                 "reference_model is false",
                 fix="set reference_model: true in the fsdp config, or kl_coef: 0",
             )
-
-    def lr_factor(self, step: int) -> float:
-        """Multiplier of `lr` for optimizer step `step` (0 is the first)."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.schedule == "constant" or self.total_steps is None:
-            return 1.0
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        if self.schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def build(self, model_path: str | os.PathLike[str] | None = None) -> FSDPBackend:
         return FSDPBackend(self, model_path)
@@ -141,6 +120,12 @@ class FSDPBackend:
         checkpoint.seed_rngs(config.seed)
 
         model = _load_model(model_path)
+        spec = config.lora
+        # The Linears that carry an adapter; none: full fine-tuning.
+        self.adapted = [] if spec is None else lora.apply_lora(model, spec, config.seed)
+        # A tied lm_head with an adapter: its merged weight is no longer the embedding's, so
+        # the first publish checks that the sampler's model does not tie them.
+        self._check_untied = spec is not None and spec.train_unembed and lora.output_is_tied(model)
         torch.nn.Module.to(model, self.device)  # transformers' `to` wrapper confuses mypy
         self.context_length = int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
@@ -157,7 +142,7 @@ class FSDPBackend:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         policy = mp if config.dtype == "bfloat16" else MixedPrecisionPolicy()
         self.reference: PreTrainedModel | None = None
-        if config.reference_model:
+        if config.reference_model and spec is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             _shard(self.reference, mesh, policy)
         if config.gradient_checkpointing:
@@ -166,7 +151,7 @@ class FSDPBackend:
             (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
         self.model = _shard(model.train(), mesh, policy)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
             betas=config.betas,
             eps=config.eps,
@@ -206,11 +191,12 @@ class FSDPBackend:
         """Forward and backward one micro-batch; returns weighted sums of its metrics."""
         ids_B_T, attn_B_T, mask_B_T, old_B_T, adv_B = self._collate(batch)
         temperature = self.config.temperature
-        lp_B_T = token_logprobs(self.model, ids_B_T, attn_B_T, temperature, mask_B_T)
         ref_B_T = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_B_T = token_logprobs(self.reference, ids_B_T, attn_B_T, temperature, mask_B_T)
+        if self.config.reference_model:  # before the policy pass, whose graph goes to backward
+            with torch.no_grad(), lora.adapters_disabled(self.model):  # with lora: the base
+                reference = self.model if self.reference is None else self.reference
+                ref_B_T = token_logprobs(reference, ids_B_T, attn_B_T, temperature, mask_B_T)
+        lp_B_T = token_logprobs(self.model, ids_B_T, attn_B_T, temperature, mask_B_T)
         value, metrics = policy_loss(
             lp_B_T,
             old_B_T,
@@ -249,6 +235,10 @@ class FSDPBackend:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, "lr": lr, "skipped": 0.0 if finite else 1.0}
 
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
+        """forward_backward, then optim_step; their metrics merged."""
+        return self.forward_backward(samples, loss) | self.optim_step()
+
     def save_checkpoint(
         self, root: Path, extra: dict[str, Any], *, step: int | None = None
     ) -> Path:
@@ -256,11 +246,14 @@ class FSDPBackend:
         `root/step-N`, N = `step` (the caller's count, e.g. trainer steps, some of which
         may have had nothing to learn) or else the optimizer steps taken."""
         self._check_open()
+        spec = None if self.config.lora is None else self.config.lora.model_dump()
         meta = checkpoint.encode_json(
-            {"step": self.step, "world_size": self.world, "extra": extra}, "extra"
+            {"step": self.step, "world_size": self.world, "lora": spec, "extra": extra}, "extra"
         )
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 only
         model_sd = get_model_state_dict(self.model, options=full)
+        if spec is not None:  # the frozen base is the model folder's: keep the adapters only
+            model_sd = {k: v for k, v in model_sd.items() if lora.is_adapter(k)}
         optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=full)
         paths = (
             list(checkpoint.begin_checkpoint(root, self.step if step is None else step))
@@ -292,13 +285,24 @@ class FSDPBackend:
         if not (path / "meta.json").is_file():
             raise ConfigError(f"{path}: not a complete checkpoint (no meta.json)")
         meta = json.loads((path / "meta.json").read_text())
+        lora.check_checkpoint(meta.get("lora"), self.config.lora, str(path))
         model_sd: dict[str, Any] = {}
         optim_sd: dict[str, Any] = {}
         if self.rank == 0:  # read once, broadcast: ranks need not share a filesystem
             model_sd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
             optim_sd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        if self.config.lora is not None:  # loaded non-strictly below: check the names here
+            verdict = [lora.adapters_differ(model_sd, self.model) if self.rank == 0 else None]
+            dist.broadcast_object_list(verdict, src=0)
+            if verdict[0] is not None:
+                raise ConfigError(
+                    f"checkpoint {path}: {verdict[0]}", fix="resume on the model it was trained on"
+                )
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, model_sd, options=options)
+        partial = StateDictOptions(  # with lora: the adapters only
+            full_state_dict=True, broadcast_from_rank0=True, strict=self.config.lora is None
+        )
+        set_model_state_dict(self.model, model_sd, options=partial)
         set_optimizer_state_dict(self.model, self.optimizer, optim_sd, options=options)
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         rng = path / f"rng-rank{self.rank}.pt"
@@ -318,11 +322,17 @@ class FSDPBackend:
     def publish(self, sampler: WeightSink | None) -> int:
         """Gather full weights on rank 0 and hand them to its sampler; returns the new version.
 
-        Ranks other than 0 may pass None: only rank 0 holds the full weights.
+        Ranks other than 0 may pass None: only rank 0 holds the full weights. With lora,
+        they are merged (W + alpha/r B A) under the original names.
         """
         self._check_open()
+        if self._check_untied:
+            lora.check_untied(sampler)
+            self._check_untied = False  # a local model stays untied; a server: warned once
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 only
         state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
+        if self.config.lora is not None and self.rank == 0:
+            state = lora.merged_state_dict(state, self.config.lora)
         version = [0]
         if self.rank == 0:
             if sampler is None:

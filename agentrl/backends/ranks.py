@@ -14,6 +14,7 @@ the next collective fails on rank 0 and torchrun tears the job down.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,11 @@ class Leader:
     def _tell(self, name: str, *args: Any, **kwargs: Any) -> None:
         _broadcast((name, args, kwargs), self.group)
 
-    def forward_backward(self, samples: list[Sample], loss: LossConfig) -> dict[str, float]:
+    @property
+    def step(self) -> int:
+        return self.backend.step
+
+    def forward_backward(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
         self._tell("forward_backward", samples, loss)
         return self.backend.forward_backward(samples, loss)
 
@@ -62,11 +67,16 @@ class Leader:
         self._tell("optim_step")
         return self.backend.optim_step()
 
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
+        return self.forward_backward(samples, loss) | self.optim_step()
+
     def publish(self, sampler: WeightSink | None) -> int:
         self._tell("publish", None)  # only rank 0 holds a sampler
         return self.backend.publish(sampler)
 
-    def save_checkpoint(self, root: Path, extra: dict[str, Any], *, step: int) -> Path:
+    def save_checkpoint(
+        self, root: Path, extra: dict[str, Any], *, step: int | None = None
+    ) -> Path:
         self._tell("save_checkpoint", root, extra, step=step)
         return self.backend.save_checkpoint(root, extra, step=step)
 

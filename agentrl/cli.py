@@ -344,6 +344,45 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_tinker(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
+    from agentrl.tinker_server.server import serve
+
+    try:
+        server = serve(
+            args.model,
+            name=args.name,
+            host=args.host,
+            port=args.port,
+            state_dir=args.state_dir,
+            max_models=args.max_models,
+            keep_samplers=args.keep_samplers,
+            api_key=args.api_key,
+        )
+    except AgentRLError as e:  # a bad --model, a taken port: the call was wrong, exit 2
+        if args.debug:
+            traceback.print_exc()
+        fix = f"; fix: {e.fix}" if e.fix else ""
+        err_console.print(f"[red]error:[/red] {escape(str(e) + fix)}")
+        return 2
+    config = server.service.config
+    console.print(f"serving the Tinker API for {config.name} at {server.url}", markup=False)
+    console.print(
+        f"use it with: tinker.ServiceClient(base_url={server.url!r}, api_key='tml-...'); "
+        f"save_state writes to {config.state_dir}   (Ctrl-C stops)",
+        markup=False,
+    )
+    try:
+        while True:  # Ctrl-C, or SIGTERM via _terminate, ends the wait
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        server.close()
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from agentrl.tasks.load import is_task_path, load_task
     from agentrl.trajectory import TrajectoryStore
@@ -512,6 +551,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     sv.set_defaults(func=_cmd_serve)
+
+    st = sub.add_parser(
+        "serve-tinker",
+        help="serve a model for training and sampling over the Tinker API (tinker SDK 0.38)",
+    )
+    st.add_argument(
+        "--model", default="embedded", help="embedded (SmolLM2-135M-Instruct) or a model folder"
+    )
+    st.add_argument(
+        "--name",
+        help="the base_model name clients ask for (default: HuggingFaceTB/SmolLM2-135M-Instruct "
+        "for embedded, else the folder's name)",
+    )
+    st.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    st.add_argument("--port", type=int, default=8100, help="port (0 picks a free one)")
+    st.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where save_state writes checkpoints (default: ~/.cache/agentrl/tinker-state, "
+        "or $AGENTRL_CACHE/tinker-state)",
+    )
+    st.add_argument(
+        "--max-models", type=int, default=2, help="training models held at once (default 2)"
+    )
+    st.add_argument(
+        "--keep-samplers",
+        type=int,
+        default=2,
+        help="sampling snapshots kept per training model; older ones are released (default 2)",
+    )
+    st.add_argument("--api-key", help="require this X-API-Key on every request (default: none)")
+    st.set_defaults(func=_cmd_serve_tinker)
 
     v = sub.add_parser(
         "validate", help="validate task files (YAML, task folders) and trajectory files (JSONL)"

@@ -204,7 +204,10 @@ class Trainer:
                 f"backend {backend_cfg.type} trains on its service: run it without torchrun",
                 fix="start `agentrl train` as one process",
             )
-        built = backend_cfg.build(None if cfg.model == "embedded" else cfg.model)
+        # The learner thread owns the backend: built, driven and closed there, so a remote
+        # backend's blocking calls never run on the event loop.
+        model_path = None if cfg.model == "embedded" else cfg.model
+        built = await self._on_learner(backend_cfg.build, model_path)
         backend: TrainerBackend = built
         if world > 1:  # under torchrun: rank 0 leads, the others mirror its backend calls
             from agentrl.backends.fsdp import FSDPBackend
@@ -223,8 +226,10 @@ class Trainer:
         try:
             return await self._lead(backend, resume)
         finally:
-            self._learner.shutdown(wait=True)
-            backend.close()
+            try:
+                await self._on_learner(backend.close)
+            finally:
+                self._learner.shutdown(wait=True)
 
     async def _lead(self, backend: TrainerBackend, resume: bool) -> dict[str, Any]:
         """Rank 0 (or the only rank): rollouts, training calls, files."""
@@ -239,7 +244,7 @@ class Trainer:
         resumed: dict[str, Any] = {}
         try:
             if resume and (path := latest_checkpoint(self.ckpt_root)) is not None:
-                resumed = backend.load_checkpoint(path)
+                resumed = await self._on_learner(backend.load_checkpoint, path)
                 self._truncate(resumed)
                 log.info("resumed from %s at step %d", path, resumed["step"])
             elif resume:
@@ -250,7 +255,8 @@ class Trainer:
                 self._fresh()
             info = RunInfo(run_id=self.run_id, provider=provider.name, tasks=self.task_paths)
             write_run_info(self.out, info)
-            backend.publish(sampler)  # the sampler samples exactly the learner's weights
+            # The sampler samples exactly the learner's weights.
+            await self._on_learner(backend.publish, sampler)
             self._board = _board(self.out / "tensorboard")
             return await self._loop(backend, sampler, tokenizer, envs, resumed)
         finally:

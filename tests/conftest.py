@@ -1,13 +1,19 @@
 """Shared fixtures: a unique run id per test whose containers must all be gone at the end,
-and a tiny randomly initialised Llama for learner tests that need no real model."""
+a tiny randomly initialised Llama for learner tests that need no real model, and
+`agentrl serve-tinker` serving it."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from agentrl.tinker_server.server import TinkerServer
 
 SMOLLM2_VOCAB = 49152  # the tiny model shares the embedded tokenizer's vocabulary
 
@@ -32,6 +38,33 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "model"
     LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_served_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_dir` with the embedded SmolLM2 tokenizer saved beside it (a servable folder)."""
+    from agentrl.inference.embedded import load_tokenizer
+
+    path = tmp_path_factory.mktemp("served") / "tiny"
+    shutil.copytree(tiny_dir, path)
+    load_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tinker_server(
+    tiny_served_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TinkerServer]:
+    """`agentrl serve-tinker` in this process on 127.0.0.1, serving the tiny model as
+    base_model "tiny"; clients that close their session free its model slots."""
+    from agentrl.tinker_server.server import serve
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TINKER_TELEMETRY", "0")
+        env.setenv("NO_PROXY", "127.0.0.1,localhost")
+        state = tmp_path_factory.mktemp("tinker-state")
+        with serve(str(tiny_served_dir), name="tiny", state_dir=state, max_models=3) as srv:
+            yield srv
 
 
 def labelled_containers(run_id: str) -> list[str]:

@@ -347,6 +347,7 @@ def test_an_all_zero_reward_dataset_ends_with_a_clear_error_not_a_hang(
     with pytest.raises(ConfigError, match="epoch 0 could not fill one mini-batch: 15 of its"):
         train(tmp_path, tiny_dir, steps=2, groups=2, staleness=0, wins=lambda s: False)
     end = rows(tmp_path, "epoch_end")
+    assert all(row.pop("rss_mb") > 0 for row in end)  # every row says the memory in use
     assert end == [
         {
             "kind": "epoch_end",

@@ -7,17 +7,25 @@ Tinker-compatible server, started on loopback with a tiny model.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from agentrl.algorithms import LossConfig
 from agentrl.backends.base import Sample
-from agentrl.backends.tinker import TinkerConfig, loss_call, to_datums, token_scales
-from agentrl.errors import ConfigError
+from agentrl.backends.tinker import (
+    TinkerBackend,
+    TinkerConfig,
+    loss_call,
+    to_datums,
+    token_scales,
+)
+from agentrl.errors import ConfigError, SamplerError
 from agentrl.train_config import load_train_config
 from agentrl.yamlfile import ConfigFileError
 
@@ -174,7 +182,9 @@ def test_servers_and_temperatures_other_than_1_are_refused(tmp_path: Path) -> No
     path.write_text(text)
     with pytest.raises(ConfigFileError, match="the tinker backend samples on the Tinker"):
         load_train_config(path)
-    with pytest.raises(ConfigError, match="at temperature 1, but the tasks sample at temperature 0.7"):
+    with pytest.raises(
+        ConfigError, match="at temperature 1, but the tasks sample at temperature 0.7"
+    ):
         TinkerConfig(temperature=0.7).check()
     TinkerConfig(temperature=1.0).check()
 
@@ -192,3 +202,249 @@ def test_the_api_key_comes_from_the_environment_or_is_a_placeholder_on_loopback(
         TinkerConfig(base_url="https://tinker.example").api_key()
     monkeypatch.setenv("TINKER_API_KEY", "tml-abc")
     assert TinkerConfig().api_key() == "tml-abc"
+
+
+# -- through the real SDK against agentrl serve-tinker (conftest's tinker_server) ---------
+
+TASK = Path(__file__).parent / "data" / "tinker" / "task.yaml"
+
+
+def _tinker(server_url: str, **options: Any) -> TinkerBackend:
+    return TinkerConfig(
+        base_url=server_url, base_model="tiny", lora_rank=0, lr=1e-3, **options
+    ).build()
+
+
+def _batch(model_dir: Path) -> list[Sample]:
+    """Three samples of real tiny-model logprobs, the sampler's a little off (so ratios
+    differ from 1 and clipping engages), one of them with an observation in the middle."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.backends.fsdp import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, (n, masks, advantage) in enumerate(
+        [
+            (12, [0] * 5 + [1] * 7, 1.0),
+            (9, [0] * 3 + [1] * 2 + [0] * 2 + [1] * 2, -0.7),
+            (6, [0, 0, 0, 1, 1, 1], 0.4),
+        ]
+    ):
+        ids = torch.randint(0, 49152, (1, n), generator=g)
+        with torch.no_grad():
+            lp = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+        noise = (torch.rand(n, generator=g) - 0.5) * 0.6
+        out.append(
+            Sample(
+                trajectory_id=f"s{i}",
+                tokens=ids[0].tolist(),
+                loss_mask=masks,
+                sampler_logprobs=[
+                    float(x + e) if m else 0.0 for x, e, m in zip(lp, noise, masks, strict=True)
+                ],
+                advantage=advantage,
+            )
+        )
+    return out
+
+
+def _learner_logprobs(backend: Any, samples: list[Sample]) -> list[float]:
+    """The samples' target logprobs under the backend's current weights, concatenated."""
+    if isinstance(backend, TinkerBackend):
+        datums = to_datums(samples, LossConfig(type="cross_entropy"))
+        out = backend.client.forward(datums, "cross_entropy").result(timeout=120)
+        return [float(x) for o in out.loss_fn_outputs for x in o["logprobs"].tolist()]
+    from agentrl.backends.fsdp import token_logprobs
+
+    result: list[float] = []
+    for s in samples:
+        ids = torch.tensor([s.tokens])
+        with torch.no_grad():
+            lp = token_logprobs(backend.model, ids, torch.ones_like(ids), 1.0)[0, 1:]
+        result += [float(x) for x in lp]
+    return result
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossConfig(type="ppo", dual_clip=None, aggregation="token-mean"),
+        LossConfig(type="tis", tis_cap=1.1, aggregation="seq-mean-token-mean"),
+        LossConfig(type="importance_sampling", aggregation="seq-mean-token-sum"),
+        LossConfig(type="cross_entropy"),
+    ],
+    ids=lambda loss: loss.type,
+)
+def test_one_step_through_tinker_equals_one_native_step(
+    tinker_server: Any, tiny_served_dir: Path, loss: LossConfig
+) -> None:
+    from agentrl.backends.fsdp import FSDPConfig
+
+    samples = _batch(tiny_served_dir)
+    native = FSDPConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0).build(tiny_served_dir)
+    remote = _tinker(tinker_server.url, max_grad_norm=0.5)
+    try:
+        before = _learner_logprobs(native, samples)
+        assert _learner_logprobs(remote, samples) == pytest.approx(before, abs=1e-5)
+        got, want = remote.train_step(samples, loss), native.train_step(samples, loss)
+        for key in ("loss", "logprob_mismatch", "ratio_mean", "grad_norm", "lr"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+        assert got["tokens"] == want["tokens"] == 14
+        if loss.type == "ppo":
+            assert got["clip_high_frac"] == pytest.approx(want["clip_high_frac"])
+        assert remote.step == native.step == 1
+        after_remote, after_native = (_learner_logprobs(b, samples) for b in (remote, native))
+        moved = max(abs(a - b) for a, b in zip(after_native, before, strict=True))
+        assert moved > 1e-3  # the step changed the weights...
+        assert after_remote == pytest.approx(after_native, abs=2e-4)  # ...both the same way
+    finally:
+        remote.close()
+        native.close()
+
+
+def test_a_checkpoint_round_trip_resumes_exactly(
+    tinker_server: Any, tiny_served_dir: Path, tmp_path: Path
+) -> None:
+    """save_state + meta.json, then a new backend from it: the next step (with a warm-up
+    schedule, so the learning rate depends on the step) is the uninterrupted run's."""
+    samples = _batch(tiny_served_dir)
+    loss = LossConfig(type="ppo", dual_clip=None)
+    options = {"warmup_steps": 3, "schedule": "linear", "total_steps": 6}
+    first = _tinker(tinker_server.url, **options)
+    try:
+        first.train_step(samples, loss)
+        path = first.save_checkpoint(tmp_path, {"note": "after one step"}, step=1)
+        assert path == tmp_path / "step-000001" and (path / "meta.json").is_file()
+        want = first.train_step(samples, loss)
+        want_lp = _learner_logprobs(first, samples)
+    finally:
+        first.close()
+    resumed = _tinker(tinker_server.url, **options)
+    try:
+        assert resumed.load_checkpoint(path) == {"note": "after one step"}
+        assert resumed.step == 1
+        got = resumed.train_step(samples, loss)
+        assert got["lr"] == want["lr"] == pytest.approx(1e-3 * 2 / 3)
+        for key in ("loss", "grad_norm", "logprob_mismatch"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+        assert _learner_logprobs(resumed, samples) == pytest.approx(want_lp, abs=1e-6)
+    finally:
+        resumed.close()
+    other = TinkerConfig(base_url=tinker_server.url, base_model="tiny", lora_rank=4).build()
+    try:  # a checkpoint of full weights does not resume a LoRA run
+        with pytest.raises(ConfigError, match="saved with lora_rank 0, the config says 4"):
+            other.load_checkpoint(path)
+    finally:
+        other.close()
+
+
+def test_each_publication_gives_the_sampler_the_next_version(tinker_server: Any) -> None:
+    import asyncio
+
+    from agentrl.inference.base import SamplingParams
+    from agentrl.inference.local import LocalSampler
+
+    backend = _tinker(tinker_server.url)
+    sampler = backend.sampler()
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=1)
+    try:
+        assert sampler.policy_version == 0
+        with pytest.raises(SamplerError, match="nothing published yet"):
+            asyncio.run(sampler.generate([1, 2, 3], params))
+        assert backend.publish(sampler) == 1 and sampler.policy_version == 1
+        done = asyncio.run(sampler.generate([1, 2, 3], params))
+        assert 1 <= len(done.token_ids) <= 6 and len(done.logprobs) == len(done.token_ids)
+        assert done.token_versions == [1] * len(done.token_ids)
+        assert all(lp <= 0 for lp in done.logprobs)
+        assert backend.publish(sampler) == 2 and sampler.policy_version == 2
+        again = asyncio.run(sampler.generate([1, 2, 3], params))
+        assert again.policy_version == 2 and set(again.token_versions) == {2}
+        with pytest.raises(ConfigError, match="publishes to a TinkerSampler, not LocalSampler"):
+            backend.publish(LocalSampler.__new__(LocalSampler))
+    finally:
+        backend.close()
+        asyncio.run(sampler.close())
+
+
+def _run_config(tmp_path: Path, server_url: str, schedule: dict[str, Any]) -> Any:
+    from agentrl.train_config import CheckpointConfig, EvalConfig, TrainConfig
+
+    return TrainConfig(
+        name="tinker-coin",
+        tasks=[str(TASK)],
+        backend=TinkerConfig(base_url=server_url, base_model="tiny", lora_rank=0, lr=1e-3),
+        algorithm={"loss": {"type": "ppo", "dual_clip": None}},
+        schedule={"prompts_per_step": 2, "n_samples_per_prompt": 4, **schedule},
+        dispatcher={"type": "pipeline", "concurrency": 8},
+        eval=EvalConfig(holdout_every=4, samples=2),
+        checkpoint=CheckpointConfig(every=1, keep=1),
+        provider="local",
+    )
+
+
+def _train(config: Any, out: Path, *, resume: bool = False) -> dict[str, Any]:
+    import asyncio
+
+    from agentrl.tasks.load import load_task
+    from agentrl.trainer import Trainer
+
+    trainer = Trainer(config, [load_task(TASK)], out, show_progress=False)
+    return asyncio.run(trainer.run(resume=resume))
+
+
+def _sampled_versions(t: Any) -> list[int]:
+    return [v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
+
+
+def _rows(out: Path, kind: str = "train") -> list[dict[str, Any]]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_the_trainer_trains_through_serve_tinker_and_resumes(
+    tinker_server: Any, tmp_path: Path
+) -> None:
+    """agentrl's trainer, unchanged, with the tinker backend: episodes sampled by the
+    service's snapshot, trained there, published back; a resumed run continues from the
+    service's saved state."""
+    from agentrl.trajectory import TrajectoryStore
+
+    config = _run_config(tmp_path, tinker_server.url, {"type": "sync", "steps": 2})
+    summary = _train(config, tmp_path / "run")
+    assert summary["steps"] == 2
+    rows = _rows(tmp_path / "run")
+    assert [r["policy_version"] for r in rows if "skipped" not in r or not r["skipped"]]
+    for r in rows:
+        if isinstance(r.get("skipped"), str):
+            continue  # a batch without a reward spread: nothing to train
+        assert r["logprob_mismatch"] < 1e-3  # the service samples what it trains
+    trajs = list(TrajectoryStore(tmp_path / "run" / "trajectories.jsonl"))
+    assert len(trajs) == 2 * 2 * 4
+    for t in trajs:  # every sampled token carries the version of the snapshot sampling it
+        assert set(_sampled_versions(t)) == {t.scheduled_step + 1}
+    assert (tmp_path / "run" / "checkpoints" / "step-000002" / "meta.json").is_file()
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "meta.json").read_text())
+    assert meta["tinker_path"].startswith("tinker://")
+
+    longer = config.model_copy(update={"schedule": config.schedule.model_copy(update={"steps": 3})})
+    _train(longer, tmp_path / "run", resume=True)
+    assert [r["step"] for r in _rows(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_the_async_schedule_runs_on_the_tinker_backend(tinker_server: Any, tmp_path: Path) -> None:
+    """Snapshots never change under a request: each trajectory's tokens carry exactly one
+    version, one the scheduled step could have seen (within the staleness budget)."""
+    from agentrl.trajectory import TrajectoryStore
+
+    schedule = {"type": "async", "steps": 3, "max_staleness_steps": 1}
+    summary = _train(_run_config(tmp_path, tinker_server.url, schedule), tmp_path / "run")
+    assert summary["steps"] == 3 and summary["schedule"] == "async"
+    rows = _rows(tmp_path / "run")
+    assert all(r["lag_max"] <= 2 for r in rows)
+    for t in TrajectoryStore(tmp_path / "run" / "trajectories.jsonl"):
+        if t.consumed_step is None:
+            continue  # a filtered group
+        (version,) = set(_sampled_versions(t))
+        assert t.scheduled_step + 1 <= version <= t.consumed_step + 1

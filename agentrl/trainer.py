@@ -207,8 +207,8 @@ class Trainer:
         # The learner thread owns the backend: built, driven and closed there, so a remote
         # backend's blocking calls never run on the event loop.
         model_path = None if cfg.model == "embedded" else cfg.model
-        built = await self._on_learner(backend_cfg.build, model_path)
-        backend: TrainerBackend = built
+        built: TrainerBackend = await self._on_learner(backend_cfg.build, model_path)
+        backend = built
         if world > 1:  # under torchrun: rank 0 leads, the others mirror its backend calls
             from agentrl.backends.fsdp import FSDPBackend
             from agentrl.backends.ranks import Leader, control_group, follow

@@ -13,7 +13,11 @@ comparison with the in-process sampler; results then go to train_seeds_served.js
 Each run's per-step train reward is kept (`curve`), to compare learning curves.
 `--async S` trains the same config under the fully-async schedule with
 max_staleness_steps S (same steps, prompts per step and samples); results then go to
-train_seeds_async.json.
+train_seeds_async.json. `--tinker` trains examples/train/shell-basics-tinker.yaml (the
+same job on the tinker backend, sampling at temperature 1) against an `agentrl
+serve-tinker` it starts on a free loopback port; results go to train_seeds_tinker.json.
+`--temperature T` overrides the sampling temperature of the in-process run (e.g. 1.0, to
+compare with the tinker run on equal terms).
 """
 
 from __future__ import annotations
@@ -31,19 +35,44 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
+TINKER_CONFIG = CONFIG.with_name("shell-basics-tinker.yaml")
 RESULTS = Path(__file__).parent / "results"
 
 
-def async_config(staleness: int) -> Path:
-    """The example config under the async schedule, written beside the original (its task
-    paths are relative to it)."""
+def variant(base: Path, tag: str, changes: dict[str, Any]) -> Path:
+    """`base` with `changes` (mappings merged into the config's), written beside it: its
+    task paths are relative to it."""
     import yaml
 
-    config = yaml.safe_load(CONFIG.read_text())
-    config["schedule"] |= {"type": "async", "max_staleness_steps": staleness}
-    path = CONFIG.with_name(f".{CONFIG.stem}-async-s{staleness}.yaml")
+    config = yaml.safe_load(base.read_text())
+    for key, value in changes.items():
+        config[key] = config.get(key, {}) | value if isinstance(value, dict) else value
+    path = base.with_name(f".{base.stem}-{tag}.yaml")
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def start_tinker(logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`agentrl serve-tinker` (the embedded model) on a free loopback port, healthy."""
+    import httpx2
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--port", str(port)]
+    cmd += ["--state-dir", str(logs / "tinker-state")]
+    with (logs / "serve-tinker.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"serve-tinker exited; see {logs}")
+        try:
+            if httpx2.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx2.HTTPError:
+            time.sleep(0.5)
 
 
 def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict[str, Any]:
@@ -110,16 +139,32 @@ def main() -> None:
     parser.add_argument(
         "--async", dest="staleness", type=int, help="the async schedule with this S"
     )
+    parser.add_argument("--tinker", action="store_true", help="the tinker backend example")
+    parser.add_argument("--temperature", type=float, help="sample the in-process run at T")
     args = parser.parse_args()
     name = "train_seeds_served" if args.servers else "train_seeds"
     suffix = "-served" if args.servers else ""
-    config = CONFIG
+    base, changes, tags = CONFIG, {}, []
     if args.staleness is not None:
         name, suffix = name + "_async", suffix + "-async"
-        config = async_config(args.staleness)
+        changes["schedule"] = {"type": "async", "max_staleness_steps": args.staleness}
+        tags.append(f"async-s{args.staleness}")
+    if args.temperature is not None:
+        name, suffix = name + f"_t{args.temperature:g}", suffix + f"-t{args.temperature:g}"
+        changes["temperature"] = args.temperature
+        tags.append(f"t{args.temperature:g}")
+    procs, urls = [], []
+    if args.tinker:
+        name, suffix, base = "train_seeds_tinker", "-tinker", TINKER_CONFIG
+        proc, url = start_tinker(args.runs.with_name(args.runs.name + suffix) / "serve-logs")
+        procs.append(proc)
+        changes["backend"] = {"base_url": url}
+        tags.append("local")
+    config = variant(base, "-".join(tags), changes) if changes else base
     out = args.out or RESULTS / f"{name}.json"
     runs = args.runs.with_name(args.runs.name + suffix)
-    procs, urls = start_servers(args.servers, runs / "serve-logs") if args.servers else ([], [])
+    if args.servers:
+        procs, urls = start_servers(args.servers, runs / "serve-logs")
     try:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda s: run(s, runs / f"seed-{s}", urls, config), args.seeds))
@@ -127,10 +172,11 @@ def main() -> None:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
-        if config != CONFIG:
+        if config != base:
             config.unlink(missing_ok=True)
     report = {
-        "config": str(CONFIG.relative_to(ROOT)),
+        "config": str(base.relative_to(ROOT)),
+        "temperature": args.temperature,
         "parallel": args.parallel,
         "servers": args.servers,
         "max_staleness_steps": args.staleness,

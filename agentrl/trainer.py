@@ -233,11 +233,10 @@ class Trainer:
 
     async def _lead(self, backend: TrainerBackend, resume: bool) -> dict[str, Any]:
         """Rank 0 (or the only rank): rollouts, training calls, files."""
-        from agentrl.inference.embedded import load_tokenizer
         from agentrl.sandbox import provider as make_provider
 
         cfg = self.config
-        tokenizer = load_tokenizer()
+        tokenizer = _tokenizer(cfg.model)
         sampler = self._given_sampler or _sampler(cfg, self.out, backend)
         provider = make_provider(cfg.provider)
         envs = [make_env(task, provider, self.run_id) for task in self.tasks]
@@ -800,6 +799,24 @@ def _temperature(tasks: Sequence[Task]) -> float:
     return temp
 
 
+def _tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: the embedded model's, or the one saved in the model folder."""
+    from agentrl.inference.embedded import load_tokenizer
+
+    if model == "embedded":
+        return load_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"model {model}: no tokenizer could be loaded from it ({e})".splitlines()[0],
+            fix="save the model's tokenizer in that folder (tokenizer.save_pretrained)",
+        ) from e
+    return tokenizer
+
+
 def _sampler(cfg: TrainConfig, out: Path, backend: TrainerBackend) -> TrainSampler:
     from agentrl.backends.tinker import TinkerBackend
     from agentrl.inference.local import LocalSampler
@@ -825,11 +842,11 @@ def _sampler(cfg: TrainConfig, out: Path, backend: TrainerBackend) -> TrainSampl
     if model == "embedded":
         local = LocalSampler.embedded()
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         local = LocalSampler(
             AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
-            tokenizer=AutoTokenizer.from_pretrained(model),
+            tokenizer=_tokenizer(model),
         )
     if cfg.schedule.type == "async":  # publish mid-reply: in-flight requests are kept
         local.publish_pause = "keep"

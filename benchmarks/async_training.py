@@ -148,6 +148,7 @@ def tiny_model(folder: Path) -> Path:
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)  # the embedded tokenizer: the same vocabulary
     return folder
 
 

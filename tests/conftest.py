@@ -4,7 +4,6 @@ a tiny randomly initialised Llama for learner tests that need no real model, and
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,12 @@ SMOLLM2_VOCAB = 49152  # the tiny model shares the embedded tokenizer's vocabula
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer Llama (hidden 64, 512 positions) saved as a model folder."""
+    """A 2-layer Llama (hidden 64, 512 positions) saved as a model folder, with the
+    embedded SmolLM2 tokenizer beside it (whose vocabulary it shares)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrl.inference.embedded import load_tokenizer
 
     config = LlamaConfig(
         vocab_size=SMOLLM2_VOCAB,
@@ -37,23 +39,13 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny") / "model"
     LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def tiny_served_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_dir` with the embedded SmolLM2 tokenizer saved beside it (a servable folder)."""
-    from agentrl.inference.embedded import load_tokenizer
-
-    path = tmp_path_factory.mktemp("served") / "tiny"
-    shutil.copytree(tiny_dir, path)
     load_tokenizer().save_pretrained(path)
     return path
 
 
 @pytest.fixture(scope="session")
 def tinker_server(
-    tiny_served_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TinkerServer]:
     """`agentrl serve-tinker` in this process on 127.0.0.1, serving the tiny model as
     base_model "tiny"; clients that close their session free its model slots."""
@@ -63,7 +55,7 @@ def tinker_server(
         env.setenv("TINKER_TELEMETRY", "0")
         env.setenv("NO_PROXY", "127.0.0.1,localhost")
         state = tmp_path_factory.mktemp("tinker-state")
-        with serve(str(tiny_served_dir), name="tiny", state_dir=state, max_models=3) as srv:
+        with serve(str(tiny_dir), name="tiny", state_dir=state, max_models=3) as srv:
             yield srv
 
 

@@ -50,8 +50,8 @@ def service(tinker_server: TinkerServer) -> Iterator[tinker.ServiceClient]:
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_served_dir: Path) -> LlamaForCausalLM:
-    model: LlamaForCausalLM = LlamaForCausalLM.from_pretrained(tiny_served_dir, dtype=torch.float32)
+def hf(tiny_dir: Path) -> LlamaForCausalLM:
+    model: LlamaForCausalLM = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     return model.eval()
 
 
@@ -147,14 +147,14 @@ def test_losses_match_an_independent_torch_computation(
             )
 
 
-def test_learner_gradients_match_autograd(tiny_served_dir: Path) -> None:
+def test_learner_gradients_match_autograd(tiny_dir: Path) -> None:
     """The gradient of each loss (cispo's stop-gradient, ppo's min) equals autograd's on
     the plain model."""
-    learner = TinkerLearner(tiny_served_dir, None)
+    learner = TinkerLearner(tiny_dir, None)
     try:
         ids = random_ids(9, seed=3)
         for k, (name, config, (lo, hi)) in enumerate(LOSS_CASES):
-            reference = LlamaForCausalLM.from_pretrained(tiny_served_dir, dtype=torch.float32)
+            reference = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
             lp = reference_logprobs(reference, ids[:-1], ids[1:])
             inputs = loss_inputs(name, lp.detach(), seed=k)
             expected_loss(name, lp, inputs, lo, hi).sum().backward()
@@ -325,12 +325,10 @@ def test_malformed_requests_get_a_one_line_400(tinker_server: TinkerServer) -> N
         assert detail and "\n" not in detail, detail
 
 
-def test_a_taken_port_is_one_clear_error(
-    tinker_server: TinkerServer, tiny_served_dir: Path
-) -> None:
+def test_a_taken_port_is_one_clear_error(tinker_server: TinkerServer, tiny_dir: Path) -> None:
     port = int(tinker_server.url.rsplit(":", 1)[1])
     with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}: .*--port"):
-        serve(str(tiny_served_dir), name=NAME, port=port)
+        serve(str(tiny_dir), name=NAME, port=port)
 
 
 def test_sequencer_runs_in_seq_id_order_and_submits_are_idempotent() -> None:
@@ -386,11 +384,9 @@ def test_lora_trains_samples_and_resumes(service: tinker.ServiceClient) -> None:
 # ---- the command ----------------------------------------------------------------------
 
 
-def test_cli_serves_checks_the_key_and_stops_on_sigterm(
-    tiny_served_dir: Path, tmp_path: Path
-) -> None:
+def test_cli_serves_checks_the_key_and_stops_on_sigterm(tiny_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(tiny_served_dir)]
+        [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(tiny_dir)]
         + ["--port", "0", "--state-dir", str(tmp_path), "--api-key", "tml-secret"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -278,12 +278,12 @@ def _learner_logprobs(backend: Any, samples: list[Sample]) -> list[float]:
     ids=lambda loss: loss.type,
 )
 def test_one_step_through_tinker_equals_one_native_step(
-    tinker_server: Any, tiny_served_dir: Path, loss: LossConfig
+    tinker_server: Any, tiny_dir: Path, loss: LossConfig
 ) -> None:
     from agentrl.backends.fsdp import FSDPConfig
 
-    samples = _batch(tiny_served_dir)
-    native = FSDPConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0).build(tiny_served_dir)
+    samples = _batch(tiny_dir)
+    native = FSDPConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0).build(tiny_dir)
     remote = _tinker(tinker_server.url, max_grad_norm=0.5)
     try:
         before = _learner_logprobs(native, samples)
@@ -305,11 +305,11 @@ def test_one_step_through_tinker_equals_one_native_step(
 
 
 def test_a_checkpoint_round_trip_resumes_exactly(
-    tinker_server: Any, tiny_served_dir: Path, tmp_path: Path
+    tinker_server: Any, tiny_dir: Path, tmp_path: Path
 ) -> None:
     """save_state + meta.json, then a new backend from it: the next step (with a warm-up
     schedule, so the learning rate depends on the step) is the uninterrupted run's."""
-    samples = _batch(tiny_served_dir)
+    samples = _batch(tiny_dir)
     loss = LossConfig(type="ppo", dual_clip=None)
     options = {"warmup_steps": 3, "schedule": "linear", "total_steps": 6}
     first = _tinker(tinker_server.url, **options)

@@ -261,3 +261,12 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Pat
     assert got["loss"] == pytest.approx(row["loss"], rel=1e-4, abs=1e-6)
     assert got["grad_norm"] == pytest.approx(row["grad_norm"], rel=1e-3)
     assert got["sequences"] == row["sequences"] == 8
+
+
+def test_a_model_folder_without_a_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
+    from agentrl.trainer import _tokenizer
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ConfigError, match="no tokenizer could be loaded from it") as e:
+        _tokenizer(str(tmp_path))
+    assert "\n" not in str(e.value) and "tokenizer.save_pretrained" in e.value.fix

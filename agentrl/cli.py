@@ -334,14 +334,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         markup=False,
     )
     try:
-        while True:  # Ctrl-C, or SIGTERM via _terminate, ends the wait
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("stopping")
+        _wait_for_stop()
     finally:
         server.close()
         asyncio.run(sampler.close())
     return 0
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl-C (or SIGTERM, which `_terminate` turns into one)."""
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping")
 
 
 def _cmd_serve_tinker(args: argparse.Namespace) -> int:
@@ -374,10 +380,7 @@ def _cmd_serve_tinker(args: argparse.Namespace) -> int:
         markup=False,
     )
     try:
-        while True:  # Ctrl-C, or SIGTERM via _terminate, ends the wait
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("stopping")
+        _wait_for_stop()
     finally:
         server.close()
     return 0

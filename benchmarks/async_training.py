@@ -33,6 +33,12 @@ rollout machinery (event loop, shells, graders) gets the other core instead of c
 with two intra-op threads for both. The model is sized so that a training step takes
 about a quarter of a sync step, as generation dominates agentic RL steps.
 
+`--learner tinker` runs the learner out of this process: the arms use the tinker backend
+against an `agentrl serve-tinker` (one torch thread) on the same tiny model, generation
+still simulated; results go to async_training_tinker.json. On this 2-core machine that
+gives the learner a core of its own instead of a thread sharing the interpreter with the
+event loop, shells and graders: the situation of a learner on a GPU.
+
 Reported per arm: training wall time (the sum of step times, evaluations excluded), the
 ratio sync / arm, the trainer's idle fraction (waiting for a batch), the sampler's idle
 fraction (no request in flight), the lag distribution (consumed - scheduled step),
@@ -52,8 +58,12 @@ import math
 import os
 import platform
 import random
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,9 +72,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.backends.fsdp import FSDPConfig
+from agentrl.backends.tinker import TinkerConfig
 from agentrl.dispatch.base import PipelineConfig
+from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
+from agentrl.inference.tinker import TinkerSampler
 from agentrl.tasks.load import load_task
 from agentrl.train_config import (
     AsyncSchedule,
@@ -152,7 +165,58 @@ def tiny_model(folder: Path) -> Path:
     return folder
 
 
-def arm(name: str, staleness: int | None, steps: int, work: Path, model: Path) -> dict[str, Any]:
+class SimulatedTinkerSampler(TinkerSampler):
+    """Generation simulated as in the other arms; publication is the Tinker service's
+    real save_weights_and_get_sampling_client, whose version the engine then stamps (no
+    pause: a Tinker snapshot is saved while sampling goes on)."""
+
+    def __init__(self, simulated: SimulatedSampler) -> None:
+        super().__init__()
+        self.simulated = simulated
+
+    def swap(self, client: Any, version: int) -> None:
+        super().swap(client, version)
+        self.simulated.update_weights({}, version)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        return await self.simulated.generate(prompt_ids, params, session_id)
+
+    async def close(self) -> None:
+        await self.simulated.close()
+
+
+def start_tinker(model: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`agentrl serve-tinker` on the tiny model, one torch thread, on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(model)]
+    cmd += ["--name", "bench-tiny", "--port", str(port), "--state-dir", str(work / "state")]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TINKER_TELEMETRY": "0"}
+    with (work / "serve-tinker.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"serve-tinker exited; see {work / 'serve-tinker.log'}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit("serve-tinker did not come up in 5 minutes")
+
+
+def arm(
+    name: str,
+    staleness: int | None,
+    steps: int,
+    work: Path,
+    model: Path,
+    tinker_url: str | None = None,
+) -> dict[str, Any]:
     task_file = work / "task.yaml"
     out = work / name
     schedule: SyncSchedule | AsyncSchedule
@@ -172,14 +236,22 @@ def arm(name: str, staleness: int | None, steps: int, work: Path, model: Path) -
         name=name,
         tasks=[str(task_file)],
         model=str(model),
-        backend=FSDPConfig(lr=1e-4, micro_batch_tokens=8192),
+        backend=(
+            FSDPConfig(lr=1e-4, micro_batch_tokens=8192)
+            if tinker_url is None
+            else TinkerConfig(base_url=tinker_url, base_model="bench-tiny", lora_rank=0, lr=1e-4)
+        ),
         schedule=schedule,
         dispatcher=PipelineConfig(concurrency=96, max_sandboxes=96, init_workers=8),
         eval=EvalConfig(holdout_every=64, samples=1),
         checkpoint=CheckpointConfig(every=0, keep=1),
         provider="local",
     )
-    sampler = SimulatedSampler(script, load_tokenizer(), LATENCY, transfer_s=TRANSFER_S)
+    sampler: SimulatedSampler | SimulatedTinkerSampler
+    if tinker_url is None:
+        sampler = SimulatedSampler(script, load_tokenizer(), LATENCY, transfer_s=TRANSFER_S)
+    else:
+        sampler = SimulatedTinkerSampler(SimulatedSampler(script, load_tokenizer(), LATENCY))
     trainer = Trainer(config, [load_task(task_file)], out, show_progress=False, sampler=sampler)
     started = time.monotonic()
     asyncio.run(trainer.run())
@@ -259,7 +331,15 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--out", type=Path, default=RESULTS / "async_training.json")
     parser.add_argument("--fixed-turns", type=int, help="every episode this many turns")
+    parser.add_argument(
+        "--learner",
+        choices=["in-process", "tinker"],
+        default="in-process",
+        help="tinker: the learner runs in an agentrl serve-tinker process (the tinker backend)",
+    )
     args = parser.parse_args()
+    if args.learner == "tinker" and args.out == RESULTS / "async_training.json":
+        args.out = RESULTS / "async_training_tinker.json"
     global FIXED_TURNS
     FIXED_TURNS = args.fixed_turns
     logging.basicConfig(level=logging.WARNING)
@@ -273,23 +353,29 @@ def main() -> None:
         instances = "\n".join(f"  - {{id: q{i:03d}}}" for i in range(n))
         (work / "task.yaml").write_text(TASK_YAML.format(instances=instances, turns=MAX_TURNS + 1))
         model = tiny_model(work / "model")
-        for name, staleness in arms:
-            print(f"[async_training] {name} ...", flush=True)
-            results.append(
-                arm(name.replace(" ", "_").replace("=", ""), staleness, args.steps, work, model)
-            )
-            r = results[-1]
-            print(
-                f"[async_training] {name}: {r['train_wall_s']} s, trainer idle "
-                f"{r['trainer_idle_frac']:.0%}, lag {r['lag']}",
-                flush=True,
-            )
+        server, url = start_tinker(model, work) if args.learner == "tinker" else (None, None)
+        try:
+            for name, staleness in arms:
+                print(f"[async_training] {name} ...", flush=True)
+                slug = name.replace(" ", "_").replace("=", "")
+                results.append(arm(slug, staleness, args.steps, work, model, url))
+                r = results[-1]
+                print(
+                    f"[async_training] {name}: {r['train_wall_s']} s, trainer idle "
+                    f"{r['trainer_idle_frac']:.0%}, lag {r['lag']}",
+                    flush=True,
+                )
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=60)
     sync_wall = results[0]["train_wall_s"]
     for r in results:
         r["speedup_vs_sync"] = round(sync_wall / r["train_wall_s"], 3)
     report = {
         "benchmark": "async_training",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "learner": args.learner,
         "workload": {
             "groups_per_step": GROUPS,
             "samples_per_group": SAMPLES,

@@ -241,6 +241,8 @@ def arm(
             if tinker_url is None
             else TinkerConfig(base_url=tinker_url, base_model="bench-tiny", lora_rank=0, lr=1e-4)
         ),
+        # Tinker's ppo has no dual clip; off in the tinker arms (both of them).
+        algorithm={"loss": {"dual_clip": None}} if tinker_url else {},
         schedule=schedule,
         dispatcher=PipelineConfig(concurrency=96, max_sandboxes=96, init_workers=8),
         eval=EvalConfig(holdout_every=64, samples=1),

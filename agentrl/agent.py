@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Completion, Sampler, SamplingParams
+from agentrl.tasks.env import build_tools
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import (
     BASH_BLOCK_HINT,
@@ -31,14 +32,14 @@ from agentrl.toolcall import (
     parse_bash_block,
     parse_tool_call,
 )
-from agentrl.tools.base import Observation, Tool, schema, tool_class
+from agentrl.tools.base import Observation, Tool, schema
 from agentrl.trajectory import INFRA_STOP_REASONS, EnvInfo, StopReason, Trajectory, Turn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.sandbox.base import Sandbox
-    from agentrl.tasks.env import TaskEnv
+    from agentrl.tasks.env import EpisodeEnv
 
 
 log = logging.getLogger(__name__)
@@ -68,17 +69,6 @@ class _Ledger:
         gap = len(chat.response_ids) - len(self.logprobs)
         self.logprobs += [0.0] * gap
         self.versions += [-1] * gap
-
-
-def build_tools(task: Task) -> dict[str, Tool]:
-    tools: dict[str, Tool] = {}
-    for config in task.spec.tool_configs():
-        options = dict(config.options)
-        if config.name == "bash":
-            options.setdefault("timeout", task.spec.limits.tool_timeout)
-        tool = tool_class(config.name)(**options)
-        tools[tool.name] = tool
-    return tools
 
 
 def _open_chat(
@@ -141,7 +131,7 @@ class Episode:
         sample: int,
         sampler: Sampler,
         tokenizer: PreTrainedTokenizerBase,
-        env: TaskEnv,
+        env: EpisodeEnv,
         *,
         scheduled_step: int = 0,
         snapshots: SnapshotPolicy | None = None,
@@ -150,7 +140,7 @@ class Episode:
         self.snapshots = snapshots or task.spec.snapshots
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
-        self.tools = build_tools(task)
+        self.tools = env.tools()
         self.chat = _open_chat(task, instance, self.tools, tokenizer)
         self.ledger = _Ledger()
         self.sandbox: Sandbox | None = None
@@ -158,7 +148,7 @@ class Episode:
         self.components: dict[str, Any] = {}
         self.stop: StopReason | None = None
         self.error: str | None = None
-        self.env_info = EnvInfo(provider=env.provider.name, task_hash=task.hash)
+        self.env_info = EnvInfo(provider=env.provider_name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
         self._closing: asyncio.Future[None] | None = None
         # The commit in flight and the turn it belongs to (None: the INIT snapshot).
@@ -189,6 +179,7 @@ class Episode:
                     async with asyncio.timeout(timeout):
                         self.sandbox = await self.env.init(self.instance, name=self.trajectory_id)
             self.env_info.image = await self.env.image()
+            self.env_info.node = self.sandbox.spec.node if self.sandbox is not None else None
             if self.snapshots.every:
                 self.start_snapshot(None, "init")
         except TimeoutError:
@@ -261,7 +252,7 @@ class Episode:
         if self._drops_snapshots():  # a success not sampled for keeping
             for snapshot_id in self._committed:
                 with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
-                    await self.env.provider.remove_snapshot(snapshot_id)
+                    await self.env.remove_snapshot(snapshot_id)
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -339,7 +330,7 @@ async def run_episode(
     sample: int,
     sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
-    env: TaskEnv,
+    env: EpisodeEnv,
     *,
     scheduled_step: int = 0,
 ) -> Trajectory:

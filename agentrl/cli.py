@@ -386,6 +386,72 @@ def _cmd_serve_tinker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from agentrl.cluster import local
+
+    folder = Path(args.dir) if args.dir else None
+    if args.cluster_command == "up":
+        with console.status("starting Ray nodes on 127.0.0.1..."):
+            state = local.up(folder, workers=args.workers, sandboxes=args.sandboxes, cpus=args.cpus)
+        console.print(f"cluster up at {state.address}: {len(state.nodes)} node(s)")
+        console.print(f"use it with, in a train config:  cluster: {{address: {state.address}}}")
+        return 0
+    if args.cluster_command == "down":
+        stopped = local.down(folder)
+        console.print(f"stopped {stopped} node(s)" if stopped else "no local cluster was up")
+        return 0
+    if args.cluster_command == "kill-node":
+        local.kill_node(args.node, folder)
+        console.print(f"killed node {args.node} (SIGKILL); `agentrl cluster up` restarts it")
+        return 0
+    return _cluster_status(folder)
+
+
+def _cluster_status(folder: Path | None) -> int:
+    from rich.table import Table
+
+    from agentrl.cluster import local
+
+    state = local.load_state(folder)
+    if state is None:
+        console.print("no local cluster is up (agentrl cluster up starts one)")
+        return 1
+    joined = local.live_nodes(state.address) if local.alive(state.node("head").pid) else {}
+    containers = _containers_by_node()
+    table = Table("node", "pid", "process", "in Ray", "sandboxes", "containers")
+    for node in state.nodes:
+        table.add_row(
+            node.name + (" (head)" if node.head else ""),
+            str(node.pid),
+            "running" if local.alive(node.pid) else "dead",
+            "alive" if joined.get(node.name) else "no",
+            str(node.sandboxes),
+            str(containers.get(node.name, 0)),
+        )
+    console.print(f"Ray cluster at {state.address}")
+    console.print(table)
+    return 0 if all(joined.get(n.name) for n in state.nodes) else 1
+
+
+def _containers_by_node() -> dict[str, int]:
+    """Running agentrl containers per `agentrl.node` label (empty if Docker is down)."""
+    from agentrl.sandbox.docker import NODE
+    from agentrl.sandbox.images import docker_client
+
+    try:
+        client = docker_client()
+    except AgentRLError:
+        return {}
+    try:
+        counts: dict[str, int] = {}
+        for c in client.api.containers(filters={"label": NODE}):
+            name = (c.get("Labels") or {}).get(NODE, "")
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+    finally:
+        client.close()
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from agentrl.tasks.load import is_task_path, load_task
     from agentrl.trajectory import TrajectoryStore
@@ -592,6 +658,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("files", nargs="+", type=Path)
     v.set_defaults(func=_cmd_validate)
+
+    cl = sub.add_parser(
+        "cluster", help="a local multi-node Ray cluster on 127.0.0.1 (tests, trying Ray)"
+    )
+    cl.add_argument("--dir", help="state and logs (default ~/.cache/agentrl/cluster)")
+    clsub = cl.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    cu = clsub.add_parser("up", help="start the head and worker nodes (restarts dead ones)")
+    cu.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")
+    cu.add_argument("--sandboxes", type=int, default=4, help="sandboxes per worker node")
+    cu.add_argument("--cpus", type=int, default=4, help="CPUs Ray schedules per node")
+    clsub.add_parser("status", help="the nodes, whether Ray sees them, their containers")
+    clsub.add_parser("down", help="stop every node")
+    ck = clsub.add_parser("kill-node", help="SIGKILL one node, as a machine failure would")
+    ck.add_argument("node", help="w1, w2, ...")
+    cl.set_defaults(func=_cmd_cluster)
     return p
 
 

@@ -23,6 +23,10 @@ class AgentRLError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled with its fix (an error raised on a Ray node reaches the driver whole).
+        return (type(self), self.args, self.__dict__)
+
 
 class ConfigError(AgentRLError, ValueError):
     """A config or input file is malformed."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from agentrl.algorithms import AdvantageConfig, LossConfig
 from agentrl.backends.fsdp import FSDPConfig
 from agentrl.backends.tinker import TinkerConfig
+from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.tasks.spec import SnapshotPolicy
@@ -143,6 +144,11 @@ class TrainConfig(_Model):
         default=None, description="sampling servers (default: the in-process sampler)"
     )
     provider: Literal["docker", "local"] = "docker"
+    cluster: ClusterConfig | None = Field(
+        default=None,
+        description="run on a Ray cluster: sandboxes on its sandbox nodes, optionally sampler "
+        "replicas and trainer ranks as actors (default: everything in this process)",
+    )
     snapshots: SnapshotPolicy | None = Field(
         default=None, description="sandbox snapshots for replay; default: each task's own"
     )
@@ -166,6 +172,16 @@ class TrainConfig(_Model):
             self.backend.validate_loss(self.algorithm.loss)
         except ConfigError as e:  # pydantic keeps only the message: carry the fix in it
             raise ValueError(f"{e.message} ({e.fix})" if e.fix else e.message) from e
+        if self.cluster is not None:
+            if self.provider != "docker":
+                raise ValueError("cluster: sandbox nodes run Docker sandboxes; use provider docker")
+            if isinstance(self.backend, TinkerConfig) and (
+                self.cluster.samplers is not None or self.cluster.trainer is not None
+            ):
+                raise ValueError(
+                    "cluster.samplers / cluster.trainer: the tinker backend trains and samples "
+                    "on its service; remove them (sandboxes may still run on the cluster)"
+                )
         if isinstance(self.backend, TinkerConfig) and self.servers is not None:
             raise ValueError(
                 "servers: the tinker backend samples on the Tinker service's own sampling "

@@ -34,6 +34,7 @@ taken; a resumed run drops those written after, so the files read as one uninter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -50,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -62,8 +63,9 @@ from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.dispatch.core import Feed, cancel_and_wait
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
+from agentrl.inference.local import model_tokenizer
 from agentrl.runner import RunInfo, make_env, write_atomic, write_run_info
-from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.env import EpisodeEnv
 from agentrl.train_config import AsyncSchedule
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
@@ -71,6 +73,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.backends.base import TrainerBackend
+    from agentrl.backends.fsdp import FSDPConfig
+    from agentrl.backends.tinker import TinkerConfig
     from agentrl.tasks.spec import Instance, Task
     from agentrl.train_config import TrainConfig
 
@@ -192,11 +196,40 @@ class Trainer:
     async def run(self, *, resume: bool = False) -> dict[str, Any]:
         """Train; returns the summary (empty on torchrun ranks other than 0)."""
         cfg = self.config
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         backend_cfg = cfg.backend.model_copy(
             update={"temperature": self.temperature, "seed": cfg.seed}
         )
         backend_cfg.check().validate_loss(cfg.algorithm.loss)
+        if cfg.cluster is None:
+            return await self._run(backend_cfg, resume)
+        from agentrl.backends.fsdp import FSDPConfig
+        from agentrl.cluster import connect, disconnect
+        from agentrl.cluster.trainer import TrainerGroup, environment
+
+        connect(cfg.cluster.address, cfg.cluster.namespace)
+        ranks = None
+        try:
+            if cfg.cluster.trainer is not None:  # rank 0 here, the followers as Ray actors
+                if "WORLD_SIZE" in os.environ:
+                    raise ConfigError(
+                        "cluster.trainer starts the trainer ranks as Ray actors: "
+                        "do not also start agentrl train under torchrun",
+                        fix="start `agentrl train` as one process",
+                    )
+                assert isinstance(backend_cfg, FSDPConfig)  # the config validator checks
+                ranks = TrainerGroup(cfg.cluster.trainer)
+                model_path = None if cfg.model == "embedded" else cfg.model
+                await asyncio.to_thread(ranks.start, backend_cfg, model_path)
+            with environment(ranks.env if ranks is not None else {}):
+                return await self._run(backend_cfg, resume)
+        finally:
+            if ranks is not None:
+                await asyncio.to_thread(ranks.close)
+            disconnect()
+
+    async def _run(self, backend_cfg: FSDPConfig | TinkerConfig, resume: bool) -> dict[str, Any]:
+        cfg = self.config
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
         if world > 1 and backend_cfg.type != "fsdp":
@@ -233,15 +266,13 @@ class Trainer:
 
     async def _lead(self, backend: TrainerBackend, resume: bool) -> dict[str, Any]:
         """Rank 0 (or the only rank): rollouts, training calls, files."""
-        from agentrl.sandbox import provider as make_provider
-
         cfg = self.config
-        tokenizer = _tokenizer(cfg.model)
-        sampler = self._given_sampler or _sampler(cfg, self.out, backend)
-        provider = make_provider(cfg.provider)
-        envs = [make_env(task, provider, self.run_id) for task in self.tasks]
-        resumed: dict[str, Any] = {}
-        try:
+        tokenizer = model_tokenizer(cfg.model)
+        async with contextlib.AsyncExitStack() as stack:
+            sampler = self._given_sampler or await self._sampler(backend, stack)
+            stack.push_async_callback(sampler.close)
+            envs = await self._envs(stack)
+            resumed: dict[str, Any] = {}
             if resume and (path := latest_checkpoint(self.ckpt_root)) is not None:
                 resumed = await self._on_learner(backend.load_checkpoint, path)
                 self._truncate(resumed)
@@ -252,27 +283,57 @@ class Trainer:
                 )
             else:
                 self._fresh()
-            info = RunInfo(run_id=self.run_id, provider=provider.name, tasks=self.task_paths)
+            info = RunInfo(run_id=self.run_id, provider=cfg.provider, tasks=self.task_paths)
             write_run_info(self.out, info)
             # The sampler samples exactly the learner's weights.
             await self._on_learner(backend.publish, sampler)
             self._board = _board(self.out / "tensorboard")
-            return await self._loop(backend, sampler, tokenizer, envs, resumed)
-        finally:
             if self._board is not None:
-                self._board.close()
-            await sampler.close()
-            from agentrl.sandbox.docker import remove_run
+                stack.callback(self._board.close)
+            return await self._loop(backend, sampler, tokenizer, envs, resumed)
+        raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
+    async def _envs(self, stack: contextlib.AsyncExitStack) -> list[EpisodeEnv]:
+        """Each task's EpisodeEnv: here (docker or local), or on the cluster's sandbox nodes."""
+        cfg = self.config
+        if cfg.cluster is None:
+            from agentrl.sandbox import provider as make_provider
+
+            provider = make_provider(cfg.provider)
             if cfg.provider == "docker":
-                remove_run(provider.client, self.run_id)  # type: ignore[attr-defined]
+                from agentrl.sandbox.docker import remove_run
+
+                client = provider.client  # type: ignore[attr-defined]
+                stack.callback(remove_run, client, self.run_id)
+            return [make_env(task, provider, self.run_id) for task in self.tasks]
+        from agentrl.cluster.sandboxes import RemoteTaskEnv, SandboxFleet
+
+        nodes = cfg.cluster.sandboxes
+        fleet = SandboxFleet(self.run_id, resource=nodes.resource, refresh_s=nodes.refresh_s)
+        stack.push_async_callback(fleet.close)
+        await fleet.start()
+        return [RemoteTaskEnv(task, fleet, self.run_id) for task in self.tasks]
+
+    async def _sampler(
+        self, backend: TrainerBackend, stack: contextlib.AsyncExitStack
+    ) -> TrainSampler:
+        cfg = self.config
+        replicas = cfg.cluster.samplers if cfg.cluster is not None else None
+        urls: list[str] = []
+        if replicas is not None:
+            from agentrl.cluster.samplers import SamplerFleet
+
+            fleet = SamplerFleet(replicas, cfg.model, _publish_pause(cfg))
+            stack.push_async_callback(fleet.close)
+            urls = await fleet.start()
+        return _sampler(cfg, self.out, backend, urls)
 
     async def _loop(
         self,
         backend: TrainerBackend,
         sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
-        envs: list[TaskEnv],
+        envs: list[EpisodeEnv],
         resumed: dict[str, Any],
     ) -> dict[str, Any]:
         cfg = self.config
@@ -321,7 +382,7 @@ class Trainer:
         start: int,
         sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
-        envs: list[TaskEnv],
+        envs: list[EpisodeEnv],
         progress: Progress,
         store: TrajectoryStore,
         backend: TrainerBackend,
@@ -371,7 +432,7 @@ class Trainer:
         self,
         sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
-        envs: list[TaskEnv],
+        envs: list[EpisodeEnv],
         store: TrajectoryStore,
         resumed: dict[str, Any],
         backend: TrainerBackend,
@@ -556,7 +617,7 @@ class Trainer:
         step: int,
         sampler: TrainSampler,
         tokenizer: PreTrainedTokenizerBase,
-        envs: list[TaskEnv],
+        envs: list[EpisodeEnv],
         progress: Progress,
     ) -> dict[str, Any]:
         episodes = [
@@ -799,37 +860,29 @@ def _temperature(tasks: Sequence[Task]) -> float:
     return temp
 
 
-def _tokenizer(model: str) -> PreTrainedTokenizerBase:
-    """The run's tokenizer: the embedded model's, or the one saved in the model folder."""
-    from agentrl.inference.embedded import load_tokenizer
-
-    if model == "embedded":
-        return load_tokenizer()
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"model {model}: no tokenizer could be loaded from it ({e})".splitlines()[0],
-            fix="save the model's tokenizer in that folder (tokenizer.save_pretrained)",
-        ) from e
-    return tokenizer
+def _publish_pause(cfg: TrainConfig) -> Literal["keep"] | None:
+    """An in-process sampler under the async schedule publishes mid-reply, keeping
+    in-flight requests (each token is stamped with the version that sampled it)."""
+    return "keep" if cfg.schedule.type == "async" else None
 
 
-def _sampler(cfg: TrainConfig, out: Path, backend: TrainerBackend) -> TrainSampler:
+def _sampler(
+    cfg: TrainConfig, out: Path, backend: TrainerBackend, replicas: Sequence[str] = ()
+) -> TrainSampler:
+    """The configured sampler; `replicas`: URLs of sampler actors to route to as well."""
     from agentrl.backends.tinker import TinkerBackend
     from agentrl.inference.local import LocalSampler
 
     if isinstance(backend, TinkerBackend):  # samples what the service publishes
         return backend.sampler()
 
-    if cfg.servers is not None:
+    if cfg.servers is not None or replicas:
         from agentrl.inference.router import Router
+        from agentrl.train_config import ServersConfig
 
-        s = cfg.servers
+        s = cfg.servers or ServersConfig(urls=list(replicas))
         return Router(
-            s.urls,
+            [*(cfg.servers.urls if cfg.servers else []), *replicas],
             pause_mode=s.pause,
             transfer=s.transfer,
             publish_dir=out / "published",
@@ -838,18 +891,9 @@ def _sampler(cfg: TrainConfig, out: Path, backend: TrainerBackend) -> TrainSampl
             clear_kv_cache=s.clear_kv_cache,
             cache_salt=s.cache_salt,
         )
-    model = cfg.model
-    if model == "embedded":
-        local = LocalSampler.embedded()
-    else:
-        from transformers import AutoModelForCausalLM
-
-        local = LocalSampler(
-            AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
-            tokenizer=_tokenizer(model),
-        )
-    if cfg.schedule.type == "async":  # publish mid-reply: in-flight requests are kept
-        local.publish_pause = "keep"
+    local = LocalSampler.for_model(cfg.model)
+    if (pause := _publish_pause(cfg)) is not None:
+        local.publish_pause = pause
     return local
 
 

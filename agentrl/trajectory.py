@@ -84,6 +84,9 @@ class EnvInfo(_Strict):
     image: str | None = None
     image_digest: str | None = None
     provider: str | None = None
+    node: str | None = Field(
+        default=None, description="the cluster node that hosted the sandbox (null: this machine)"
+    )
     task_hash: str | None = None
     init_attempts: int = Field(default=1, ge=1, description="INIT tries (infra errors retried)")
     init_snapshot: str | None = Field(

@@ -264,9 +264,9 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Pat
 
 
 def test_a_model_folder_without_a_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
-    from agentrl.trainer import _tokenizer
+    from agentrl.inference.local import model_tokenizer
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ConfigError, match="no tokenizer could be loaded from it") as e:
-        _tokenizer(str(tmp_path))
+        model_tokenizer(str(tmp_path))
     assert "\n" not in str(e.value) and "tokenizer.save_pretrained" in e.value.fix

@@ -133,6 +133,18 @@ class LocalSampler:
         self._thread: threading.Thread | None = None
 
     @classmethod
+    def for_model(cls, model: str) -> LocalSampler:
+        """A sampler over `model`: 'embedded' (SmolLM2-135M) or a model folder."""
+        if model == "embedded":
+            return cls.embedded()
+        from transformers import AutoModelForCausalLM
+
+        return cls(
+            AutoModelForCausalLM.from_pretrained(model, dtype="float32").eval(),
+            tokenizer=model_tokenizer(model),
+        )
+
+    @classmethod
     def embedded(cls, *, max_batch_size: int = 16) -> LocalSampler:
         """A sampler over the embedded SmolLM2 model (converted once, then cached)."""
         from agentrl.inference import embedded
@@ -569,3 +581,21 @@ def _set_future(future: asyncio.Future[Completion], result: Completion | Sampler
         future.set_exception(result)
     else:
         future.set_result(result)
+
+
+def model_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of `model`: the embedded model's, or the one saved in its folder."""
+    from agentrl.inference.embedded import load_tokenizer
+
+    if model == "embedded":
+        return load_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"model {model}: no tokenizer could be loaded from it ({e})".splitlines()[0],
+            fix="save the model's tokenizer in that folder (tokenizer.save_pretrained)",
+        ) from e
+    return tokenizer

@@ -40,6 +40,9 @@ class SandboxSpec(_Model):
     )
     run_id: str = Field(default="adhoc", description="labels the sandbox agentrl.run=<run_id>")
     name: str | None = Field(default=None, description="e.g. the trajectory id, for labels")
+    node: str | None = Field(
+        default=None, description="the cluster node it runs on (null: this machine); a label"
+    )
 
 
 class ExecRequest(_Model):

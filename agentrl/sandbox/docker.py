@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
 SNAPSHOT_OF = "agentrl.snapshot"
+NODE = "agentrl.node"  # the Ray node whose sandbox worker started it
 SNAPSHOT_REPO = "agentrl-snapshot"
 # What a root shell needs for ordinary work (files, chmod/chown, git, su to a user).
 CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
@@ -417,6 +418,7 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
         NAME: spec.name or "",
         OWNER: owner(),
         EXPIRES: str(int(time.time()) + spec.ttl_seconds),
+        **({NODE: spec.node} if spec.node else {}),
     }
     host_config = api.create_host_config(
         network_mode="none",

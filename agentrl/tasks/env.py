@@ -12,19 +12,59 @@ import asyncio
 import posixpath
 import re
 from pathlib import Path
+from typing import Protocol
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
 from agentrl.tasks.graders import Grade, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
+from agentrl.tools.base import Tool, tool_class
 
 SETUP_TIMEOUT_S = 600.0
 """Seconds each setup command may take."""
 
 
+class EpisodeEnv(Protocol):
+    """Where one task's episodes get their sandboxes and tools, and are graded."""
+
+    task: Task
+    run_id: str
+
+    @property
+    def provider_name(self) -> str:
+        """The sandbox provider, as a trajectory's `env.provider` records it."""
+        ...
+
+    def tools(self) -> dict[str, Tool]:
+        """A fresh set of the task's tools for one episode (they act on its sandbox)."""
+        ...
+
+    async def image(self) -> str: ...
+
+    async def init(self, instance: Instance, name: str) -> Sandbox: ...
+
+    async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade: ...
+
+    async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox: ...
+
+    async def remove_snapshot(self, snapshot_id: str) -> int: ...
+
+
+def build_tools(task: Task) -> dict[str, Tool]:
+    """The task's tools, by name, with its options (bash takes the task's tool timeout)."""
+    tools: dict[str, Tool] = {}
+    for config in task.spec.tool_configs():
+        options = dict(config.options)
+        if config.name == "bash":
+            options.setdefault("timeout", task.spec.limits.tool_timeout)
+        tool = tool_class(config.name)(**options)
+        tools[tool.name] = tool
+    return tools
+
+
 class TaskEnv:
-    """Starts, prepares and grades the sandboxes of one task's episodes."""
+    """Starts, prepares and grades the sandboxes of one task's episodes, in this process."""
 
     def __init__(self, task: Task, provider: SandboxProvider, run_id: str) -> None:
         self.task = task
@@ -32,6 +72,16 @@ class TaskEnv:
         self.run_id = run_id
         self._image: str | None = None
         self._image_lock = asyncio.Lock()
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+    def tools(self) -> dict[str, Tool]:
+        return build_tools(self.task)
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        return await self.provider.remove_snapshot(snapshot_id)
 
     async def image(self) -> str:
         """The image to start: named by the spec, or built from its recipe (once)."""

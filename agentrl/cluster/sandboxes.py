@@ -1,0 +1,421 @@
+"""Sandbox workers on Ray: each Docker node runs one actor that owns its sandboxes.
+
+The driver's dispatcher still runs INIT / RUN / EVAL; an episode's `RemoteTaskEnv`
+sends each stage's work to the `SandboxWorker` actor holding its sandbox. The actor runs
+a `TaskEnv` of its own (so a recipe image is built on the node that starts it, and
+setup and grading run next to the container) and the task's tools (a bash tool's pty
+cannot cross processes). What crosses is picklable: the Task, the Instance, tool
+arguments, and the response models (Observation, ExecResult, Grade, SandboxInfo).
+
+A node that dies takes its actor with it: every call to it then raises `SandboxLost`
+(a SandboxError), so the episode ends as `sandbox_error` — or, during INIT, is retried
+on another node when `init_attempts` allows — and the run goes on with the nodes left.
+The dead node's containers are reaped when it returns: the new worker's DockerProvider
+removes containers whose owning process died. Nodes that join (or return) are picked
+up within `refresh_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.cluster.local import NODE_RESOURCE, ClusterError
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from agentrl.tasks.env import TaskEnv, build_tools
+from agentrl.tasks.graders import Grade
+from agentrl.tasks.spec import Instance, Task
+from agentrl.tools.base import Observation, Tool
+
+if TYPE_CHECKING:
+    from pexpect.spawnbase import SpawnBase
+
+log = logging.getLogger(__name__)
+
+
+class SandboxLost(SandboxError):
+    """The node (or worker process) holding a sandbox is gone."""
+
+    default_fix = "the episode ends as sandbox_error; see `agentrl cluster status`"
+
+
+class SandboxInfo(BaseModel):
+    """A sandbox a worker started: what the driver keeps to address it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str
+    spec: SandboxSpec
+    image: str
+
+
+class WorkerStatus(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    pid: int
+    live: int
+    reaped: int
+
+
+# -- the actor (runs on a sandbox node) ---------------------------------------------------
+
+
+class _NodeProvider:
+    """The node's DockerProvider, stamping the node's name on every sandbox it starts."""
+
+    def __init__(self, inner: SandboxProvider, node: str) -> None:
+        self.inner, self.node, self.name = inner, node, inner.name
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        return await self.inner.start(spec.model_copy(update={"node": self.node}))
+
+    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> Sandbox:
+        return await self.inner.restore(snapshot_id, spec.model_copy(update={"node": self.node}))
+
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        return await self.inner.snapshot_bytes(snapshot_id)
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        return await self.inner.remove_snapshot(snapshot_id)
+
+
+@dataclass
+class _Held:
+    env: TaskEnv
+    sandbox: Sandbox
+    tools: dict[str, Tool] = field(default_factory=dict)
+
+
+class SandboxWorker:
+    """Ray actor (async): starts, drives, grades and closes the sandboxes of one node."""
+
+    def __init__(self, run_id: str, node: str) -> None:
+        from agentrl.sandbox.docker import DockerProvider, reap
+
+        self.run_id, self.node = run_id, node
+        docker = DockerProvider(reap_at_start=False)
+        # Containers whose owner died on this host: a previous incarnation of this node.
+        self.reaped = reap(docker.client)
+        self.provider = _NodeProvider(docker, node)
+        self._envs: dict[tuple[str, str], TaskEnv] = {}
+        self._held: dict[str, _Held] = {}
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(
+            node=self.node, pid=os.getpid(), live=len(self._held), reaped=self.reaped
+        )
+
+    def _env(self, task: Task) -> TaskEnv:
+        from agentrl.runner import make_env
+
+        key = (str(task.path), task.hash)
+        if key not in self._envs:
+            self._envs[key] = make_env(task, self.provider, self.run_id)  # type: ignore[arg-type]
+        return self._envs[key]
+
+    def _take(self, sandbox_id: str) -> _Held:
+        held = self._held.get(sandbox_id)
+        if held is None:
+            raise SandboxError(f"sandbox {sandbox_id[:12]} is not open on node {self.node}")
+        return held
+
+    async def _hold(self, env: TaskEnv, sandbox: Sandbox) -> SandboxInfo:
+        self._held[sandbox.id] = _Held(env, sandbox, build_tools(env.task))
+        return SandboxInfo(sandbox_id=sandbox.id, spec=sandbox.spec, image=await env.image())
+
+    async def init(self, task: Task, instance: Instance, name: str) -> SandboxInfo:
+        env = self._env(task)
+        return await self._hold(env, await env.init(instance, name))
+
+    async def restore(
+        self, task: Task, instance: Instance, snapshot_id: str, name: str
+    ) -> SandboxInfo:
+        env = self._env(task)
+        return await self._hold(env, await env.restore(instance, snapshot_id, name))
+
+    async def tool(self, sandbox_id: str, name: str, arguments: dict[str, Any]) -> Observation:
+        held = self._take(sandbox_id)
+        return await held.tools[name](held.sandbox, **arguments)
+
+    async def exec(self, sandbox_id: str, request: ExecRequest) -> ExecResult:
+        return await self._take(sandbox_id).sandbox.exec(request)
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return await self._take(sandbox_id).sandbox.read_file(path)
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int) -> None:
+        await self._take(sandbox_id).sandbox.write_file(path, data, mode)
+
+    async def snapshot(self, sandbox_id: str, label: str) -> str:
+        return await self._take(sandbox_id).sandbox.snapshot(label)
+
+    async def evaluate(self, sandbox_id: str, instance: Instance) -> Grade:
+        held = self._take(sandbox_id)
+        return await held.env.evaluate(held.sandbox, instance)
+
+    async def close(self, sandbox_id: str) -> None:
+        held = self._held.pop(sandbox_id, None)
+        if held is not None:
+            from agentrl.agent import close_all
+
+            await close_all(held.tools, held.sandbox)
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        return await self.provider.remove_snapshot(snapshot_id)
+
+    async def shutdown(self) -> int:
+        """Close every sandbox still open here; returns how many there were."""
+        open_ids = list(self._held)
+        await asyncio.gather(*(self.close(i) for i in open_ids), return_exceptions=True)
+        return len(open_ids)
+
+
+# -- the driver's side --------------------------------------------------------------------
+
+
+class _Worker:
+    """The driver's handle on one node's SandboxWorker."""
+
+    def __init__(self, actor: Any, node: str, node_id: str, capacity: int) -> None:
+        self.actor, self.node, self.node_id, self.capacity = actor, node, node_id, capacity
+        self.live = 0
+        self.dead = False
+
+    async def call(self, method: str, *args: Any) -> Any:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if self.dead:
+            raise SandboxLost(f"sandbox node {self.node} is gone")
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except RayTaskError as e:  # the call failed on the node: its own error, as raised
+            cause = e.cause
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise SandboxError(f"node {self.node}: {method} failed: {e}") from None
+        except RayActorError as e:  # the actor died: its node (or process) is gone
+            self.dead = True
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SandboxLost(f"sandbox node {self.node} is gone ({first[:160]})") from None
+
+
+class SandboxFleet:
+    """One SandboxWorker per alive node that offers `resource`; picks the least loaded."""
+
+    def __init__(self, run_id: str, *, resource: str = "sandbox", refresh_s: float = 5.0) -> None:
+        self.run_id, self.resource, self.refresh_s = run_id, resource, refresh_s
+        self.workers: dict[str, _Worker] = {}  # by Ray node id
+        self.snapshots: dict[str, _Worker] = {}  # snapshot id -> the node that holds it
+        self._refreshed = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.refresh()
+        if not self.alive():
+            raise ClusterError(
+                f"no alive node of the Ray cluster offers the {self.resource!r} resource",
+                fix=f"start sandbox nodes with: ray start --resources "
+                f"'{{\"{self.resource}\": 8}}' (or: agentrl cluster up)",
+            )
+
+    def alive(self) -> list[_Worker]:
+        return [w for w in self.workers.values() if not w.dead]
+
+    async def refresh(self) -> None:
+        """Forget workers on dead nodes; start one on every new sandbox node."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        async with self._lock:
+            nodes = await asyncio.to_thread(ray.nodes)
+            up = {n["NodeID"]: n for n in nodes if n["Alive"]}
+            for node_id, worker in list(self.workers.items()):
+                if worker.dead or node_id not in up:
+                    worker.dead = True
+                    del self.workers[node_id]
+            remote = ray.remote(SandboxWorker)
+            started = []
+            for node_id, info in up.items():
+                capacity = int(info["Resources"].get(self.resource, 0))
+                if capacity <= 0 or node_id in self.workers:
+                    continue
+                name = node_name(info)
+                actor = remote.options(  # type: ignore[attr-defined]
+                    num_cpus=0,
+                    max_concurrency=1000,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(self.run_id, name)
+                started.append(_Worker(actor, name, node_id, capacity))
+            for worker in started:
+                try:
+                    status: WorkerStatus = await worker.call("status")
+                except SandboxError as e:
+                    log.warning("sandbox worker on node %s did not start: %s", worker.node, e)
+                    continue
+                if status.reaped:
+                    log.info("node %s: reaped %d container(s)", worker.node, status.reaped)
+                self.workers[worker.node_id] = worker
+            self._refreshed = time.monotonic()
+
+    async def pick(self) -> _Worker:
+        """The alive worker with the most room (live sandboxes / capacity lowest)."""
+        if time.monotonic() - self._refreshed > self.refresh_s:
+            await self.refresh()
+        alive = self.alive()
+        if not alive:
+            await self.refresh()
+            alive = self.alive()
+        if not alive:
+            raise SandboxLost("no sandbox node of the Ray cluster is alive")
+        return min(alive, key=lambda w: (w.live / w.capacity, w.live))
+
+    async def close(self) -> None:
+        """Close the sandboxes still open on every alive node; end the workers."""
+        import ray
+
+        async def end(worker: _Worker) -> None:
+            with contextlib.suppress(SandboxError):
+                await asyncio.wait_for(worker.call("shutdown"), 60)
+            with contextlib.suppress(Exception):
+                ray.kill(worker.actor)
+
+        await asyncio.gather(*(end(w) for w in self.alive()), return_exceptions=True)
+        self.workers.clear()
+
+
+def node_name(info: dict[str, Any]) -> str:
+    """A node's name: its `agentrl_node_<name>` resource, else its address and id."""
+    for key in info["Resources"]:
+        if key.startswith(NODE_RESOURCE):
+            return str(key[len(NODE_RESOURCE) :])
+    return f"{info['NodeManagerAddress']}/{info['NodeID'][:8]}"
+
+
+class RaySandbox:
+    """A sandbox held by a node's worker: every call goes to that worker."""
+
+    def __init__(self, worker: _Worker, info: SandboxInfo, fleet: SandboxFleet) -> None:
+        self.worker, self.info, self.fleet = worker, info, fleet
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self.info.sandbox_id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self.info.spec
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        result: ExecResult = await self.worker.call("exec", self.id, request)
+        return result
+
+    async def shell(self, argv: list[str]) -> SpawnBase:
+        raise SandboxError(
+            "a sandbox on a Ray node has no local pty; its tools run on the node",
+            fix="call tools through RemoteTaskEnv.tools()",
+        )
+
+    async def kill_shell(self, shell: SpawnBase) -> None:
+        return None
+
+    async def read_file(self, path: str) -> bytes:
+        data: bytes = await self.worker.call("read_file", self.id, path)
+        return data
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        await self.worker.call("write_file", self.id, path, data, mode)
+
+    async def snapshot(self, label: str) -> str:
+        snapshot_id: str = await self.worker.call("snapshot", self.id, label)
+        self.fleet.snapshots[snapshot_id] = self.worker  # restore and removal go there
+        return snapshot_id
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Observation:
+        obs: Observation = await self.worker.call("tool", self.id, name, arguments)
+        return obs
+
+    async def close(self) -> None:
+        """Idempotent; a sandbox on a dead node is gone already (reaped when it returns)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.worker.live -= 1
+        with contextlib.suppress(SandboxLost):
+            await self.worker.call("close", self.id)
+
+
+class RemoteTool:
+    """A task tool that runs on the node of the sandbox it is called with."""
+
+    def __init__(self, tool: Tool) -> None:
+        self.name, self.description, self.parameters = tool.name, tool.description, tool.parameters
+
+    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
+        if not isinstance(sandbox, RaySandbox):
+            raise SandboxError(f"tool {self.name}: a remote tool needs a sandbox on a Ray node")
+        return await sandbox.call_tool(self.name, arguments)
+
+    async def close(self) -> None:
+        return None  # the node closes the tool with its sandbox
+
+
+class RemoteTaskEnv:
+    """A task's EpisodeEnv whose sandboxes live on the fleet's nodes."""
+
+    def __init__(self, task: Task, fleet: SandboxFleet, run_id: str) -> None:
+        self.task, self.fleet, self.run_id = task, fleet, run_id
+        self._schemas = [RemoteTool(t) for t in build_tools(task).values()]
+        self._image: str | None = None
+
+    @property
+    def provider_name(self) -> str:
+        return "docker"
+
+    def tools(self) -> dict[str, Tool]:
+        return {t.name: t for t in self._schemas}
+
+    async def image(self) -> str:
+        if self._image is None:
+            raise SandboxError("no sandbox was started yet: its node resolves the image")
+        return self._image
+
+    async def _held(self, worker: _Worker, method: str, *args: Any) -> RaySandbox:
+        worker.live += 1
+        try:
+            info: SandboxInfo = await worker.call(method, *args)
+        except BaseException:
+            worker.live -= 1
+            raise
+        self._image = info.image
+        return RaySandbox(worker, info, self.fleet)
+
+    async def init(self, instance: Instance, name: str) -> Sandbox:
+        worker = await self.fleet.pick()
+        return await self._held(worker, "init", self.task, instance, name)
+
+    async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
+        worker = self.fleet.snapshots.get(snapshot_id) or await self.fleet.pick()
+        return await self._held(worker, "restore", self.task, instance, snapshot_id, name)
+
+    async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        if not isinstance(sandbox, RaySandbox):
+            raise SandboxError("RemoteTaskEnv grades only the sandboxes it started")
+        grade: Grade = await sandbox.worker.call("evaluate", sandbox.id, instance)
+        return grade
+
+    async def remove_snapshot(self, snapshot_id: str) -> int:
+        worker = self.fleet.snapshots.pop(snapshot_id, None)
+        if worker is None or worker.dead:
+            return 0  # `agentrl gc --snapshots` on that node reclaims it
+        freed: int = await worker.call("remove_snapshot", snapshot_id)
+        return freed

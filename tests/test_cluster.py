@@ -241,7 +241,7 @@ def test_a_training_step_with_sandboxes_samplers_and_a_trainer_rank_on_the_clust
     config.write_text(
         f"name: tiny-cluster\ntasks: [{TRAIN / 'task.yaml'}]\nmodel: {tiny_dir}\n"
         "backend: {type: fsdp, lr: 1.0e-3}\n"
-        "schedule: {type: sync, steps: 1, prompts_per_step: 2, n_samples_per_prompt: 3}\n"
+        "schedule: {type: sync, steps: 1, prompts_per_step: 3, n_samples_per_prompt: 4}\n"
         "dispatcher: {type: pipeline, concurrency: 6}\neval: {holdout_every: 4, samples: 1}\n"
         f"cluster:\n  address: {connected.address}\n"
         "  samplers: {replicas: 2, num_cpus: 0}\n  trainer: {ranks: 2, num_cpus: 1}\n"
@@ -259,7 +259,7 @@ def test_a_training_step_with_sandboxes_samplers_and_a_trainer_rank_on_the_clust
     assert "Traceback" not in proc.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (row,) = [r for r in rows if r["kind"] == "train"]
-    assert row["policy_version"] == 2 and row["sequences"] == 6
+    assert row["policy_version"] == 2 and row["sequences"] == 12
     assert [r["version"] for r in row["replicas"]] == [2, 2]
     assert all(r["healthy"] and not r["quarantined"] and r["served"] > 0 for r in row["replicas"])
     trajs = list(TrajectoryStore(out / "trajectories.jsonl"))

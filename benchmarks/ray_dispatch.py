@@ -87,8 +87,9 @@ async def rollout(env: EpisodeEnv, task: Task, tokenizer: Any, command: str, n: 
     """Seconds for `n` one-tool-call episodes through the pipeline (sandboxes capped by
     the nodes' capacity, generation never the bottleneck)."""
     script = [
-        '<tool_call>{"name": "bash", "arguments": {"command": %s}}</tool_call>'
-        % json.dumps(command),
+        '<tool_call>{"name": "bash", "arguments": {"command": '
+        + json.dumps(command)
+        + "}}</tool_call>",
         '<tool_call>{"name": "finish", "arguments": {"message": "done"}}</tool_call>',
     ]
     sampler = ScriptedSampler(script, tokenizer)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from agentrl.cluster.local import ClusterError, driver_ip
 
@@ -24,6 +25,7 @@ def connect(address: str, namespace: str = "agentrl") -> None:
         ) from e
     if ray.is_initialized():
         return
+    _reachable(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         ray.init(
@@ -40,6 +42,22 @@ def connect(address: str, namespace: str = "agentrl") -> None:
             fix="start it (agentrl cluster up, or ray start --head) and check cluster.address",
         ) from e
     log.info("joined the Ray cluster at %s", address)
+
+
+def _reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail at once when nothing listens at the head's address (ray.init would retry for
+    minutes before it gives up)."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ClusterError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e})",
+            fix="start it (agentrl cluster up, or ray start --head) and check cluster.address",
+        ) from e
 
 
 def disconnect() -> None:

@@ -97,7 +97,7 @@ async def rollout(env: EpisodeEnv, task: Task, tokenizer: Any, command: str, n: 
     episodes = [
         Episode(task, probe_instance(f"e{tag}{k}"), 0, sampler, tokenizer, env) for k in range(n)
     ]
-    dispatcher = make_dispatcher("pipeline", concurrency=2 * PER_NODE, sandboxes=2 * PER_NODE)
+    dispatcher = make_dispatcher("pipeline", concurrency=2 * PER_NODE, max_sandboxes=2 * PER_NODE)
     start = time.monotonic()
     async with aclosing(dispatcher.run(episodes)) as stream:
         trajs = [t async for t in stream]

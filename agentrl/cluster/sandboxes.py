@@ -217,6 +217,7 @@ class SandboxFleet:
         self.snapshots: dict[str, _Worker] = {}  # snapshot id -> the node that holds it
         self._refreshed = -float("inf")
         self._lock = asyncio.Lock()
+        self._freed = asyncio.Event()  # a slot was released
 
     async def start(self) -> None:
         await self.refresh()
@@ -266,17 +267,30 @@ class SandboxFleet:
                 self.workers[worker.node_id] = worker
             self._refreshed = time.monotonic()
 
-    async def pick(self) -> _Worker:
-        """The alive worker with the most room (live sandboxes / capacity lowest)."""
-        if time.monotonic() - self._refreshed > self.refresh_s:
-            await self.refresh()
-        alive = self.alive()
-        if not alive:
-            await self.refresh()
+    async def acquire(self) -> _Worker:
+        """A sandbox slot on the alive worker with the most room (live / capacity lowest);
+        waits while every node is full: a node's `sandbox` amount is a hard limit."""
+        while True:
+            if time.monotonic() - self._refreshed > self.refresh_s:
+                await self.refresh()
             alive = self.alive()
-        if not alive:
-            raise SandboxLost("no sandbox node of the Ray cluster is alive")
-        return min(alive, key=lambda w: (w.live / w.capacity, w.live))
+            if not alive:
+                await self.refresh()
+                alive = self.alive()
+            if not alive:
+                raise SandboxLost("no sandbox node of the Ray cluster is alive")
+            room = [w for w in alive if w.live < w.capacity]
+            if room:
+                worker = min(room, key=lambda w: (w.live / w.capacity, w.live))
+                worker.live += 1
+                return worker
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):  # a node may join meanwhile
+                await asyncio.wait_for(self._freed.wait(), self.refresh_s)
+
+    def release(self, worker: _Worker) -> None:
+        worker.live -= 1
+        self._freed.set()
 
     async def close(self) -> None:
         """Close the sandboxes still open on every alive node; end the workers."""
@@ -349,7 +363,7 @@ class RaySandbox:
         if self._closed:
             return
         self._closed = True
-        self.worker.live -= 1
+        self.fleet.release(self.worker)
         with contextlib.suppress(SandboxLost):
             await self.worker.call("close", self.id)
 
@@ -390,21 +404,26 @@ class RemoteTaskEnv:
         return self._image
 
     async def _held(self, worker: _Worker, method: str, *args: Any) -> RaySandbox:
-        worker.live += 1
+        """Start a sandbox on `worker`, in a slot already taken there."""
         try:
             info: SandboxInfo = await worker.call(method, *args)
         except BaseException:
-            worker.live -= 1
+            self.fleet.release(worker)
             raise
         self._image = info.image
         return RaySandbox(worker, info, self.fleet)
 
     async def init(self, instance: Instance, name: str) -> Sandbox:
-        worker = await self.fleet.pick()
+        worker = await self.fleet.acquire()
         return await self._held(worker, "init", self.task, instance, name)
 
     async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
-        worker = self.fleet.snapshots.get(snapshot_id) or await self.fleet.pick()
+        """On the node that holds the snapshot (beyond its capacity if need be)."""
+        worker = self.fleet.snapshots.get(snapshot_id)
+        if worker is None:
+            worker = await self.fleet.acquire()
+        else:
+            worker.live += 1
         return await self._held(worker, "restore", self.task, instance, snapshot_id, name)
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
 from agentrl.agent import Episode
 from agentrl.cluster import local
@@ -35,8 +36,6 @@ from agentrl.tasks.env import EpisodeEnv, TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Instance, Task
 from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory, TrajectoryStore
-
-ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.docker, pytest.mark.model, pytest.mark.slow]
 TESTS = Path(__file__).parent

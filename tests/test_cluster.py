@@ -151,6 +151,28 @@ def test_episodes_on_two_worker_nodes_are_the_single_process_trajectories(
         assert contract(t) == contract(by_id[t.trajectory_id])
 
 
+def test_a_nodes_sandbox_resource_is_a_hard_limit(
+    connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
+) -> None:
+    """Nine episodes at once on 2 nodes x 3 slots: the last three wait for a free slot."""
+    peaks: Counter[str] = Counter()
+
+    async def body(env: EpisodeEnv, fleet: Any) -> list[Trajectory]:
+        instances = [instance(f"c{k}", tool_s=1) for k in range(9)]
+        run = asyncio.create_task(
+            asyncio.to_thread(rollout, probe, tokenizer, env, instances, concurrency=9)
+        )
+        while not run.done():
+            for node, found in node_containers(run_id).items():
+                peaks[node] = max(peaks[node], len(found))
+            await asyncio.sleep(0.1)
+        return await run
+
+    trajs = on_cluster(probe, run_id, body)
+    assert [t.stop_reason for t in trajs] == [StopReason.finished] * 9
+    assert set(peaks) == {"w1", "w2"} and max(peaks.values()) <= SANDBOXES_PER_NODE
+
+
 def test_a_tool_error_raised_on_a_node_reaches_the_driver_whole(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.sandbox.procs import pid_alive
 
 NODE_RESOURCE = "agentrl_node_"
 """Prefix of the custom resource that names a node (`agentrl_node_w1: 1`)."""
@@ -136,15 +137,9 @@ WORKER_PORTS = 40
 
 
 def alive(pid: int) -> bool:
-    if pid <= 0:
+    """Whether the process runs: a zombie (killed, not yet reaped by its parent) does not."""
+    if pid <= 0 or not pid_alive(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (killed, not yet reaped by its parent) counts as dead.
     with contextlib.suppress(OSError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[0] != "Z"

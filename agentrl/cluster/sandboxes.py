@@ -363,9 +363,11 @@ class RaySandbox:
         if self._closed:
             return
         self._closed = True
-        self.fleet.release(self.worker)
-        with contextlib.suppress(SandboxLost):
-            await self.worker.call("close", self.id)
+        try:
+            with contextlib.suppress(SandboxLost):
+                await self.worker.call("close", self.id)
+        finally:  # the slot frees once the container is gone
+            self.fleet.release(self.worker)
 
 
 class RemoteTool:

@@ -12,19 +12,19 @@ node runs with nccl.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from agentrl.agent import Episode
 from agentrl.cluster import local
@@ -44,25 +44,61 @@ TRAIN = TESTS / "data" / "train"
 SANDBOXES_PER_NODE = 3
 
 
+CHILD = "AGENTRL_TEST_CLUSTER_DIR"
+"""Set in the pytest subprocess a `driver` test runs in: the parent's cluster folder."""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.ClusterState]:
+    if child := os.environ.get(CHILD):  # a driver test's subprocess: the parent's cluster
+        state = local.load_state(Path(child))
+        assert state is not None
+        state.__dict__["folder"] = Path(child)
+        yield state
+        return
     folder = tmp_path_factory.mktemp("cluster")
     state = local.up(folder, workers=2, sandboxes=SANDBOXES_PER_NODE, cpus=4)
     state.__dict__["folder"] = folder
     try:
         yield state
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         local.down(folder)
 
 
 @pytest.fixture(scope="module")
 def connected(cluster: local.ClusterState) -> local.ClusterState:
-    from agentrl.cluster import connect
+    """The cluster, joined as a Ray driver only in a `driver` test's subprocess."""
+    if os.environ.get(CHILD):
+        from agentrl.cluster import connect
 
-    connect(cluster.address)
+        connect(cluster.address)
     return cluster
+
+
+def driver(test: Callable[..., None]) -> Callable[..., None]:
+    """Run the test in a pytest subprocess of its own: a Ray driver's threads make fork()
+    unsafe in its process (seen: pty.fork segfaulting in later tests that start shells),
+    so this process never joins the cluster."""
+
+    @functools.wraps(test)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        if os.environ.get(CHILD):
+            return test(*args, **kwargs)
+        folder = kwargs["connected"].__dict__["folder"]
+        nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider"]
+            + ["-p", "no:xdist"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=TESTS.parent,
+            env={**os.environ, CHILD: str(folder)},
+        )
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+        return None
+
+    return wrapper
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +168,7 @@ def contract(t: Trajectory) -> dict[str, Any]:
     return data
 
 
+@driver
 def test_episodes_on_two_worker_nodes_are_the_single_process_trajectories(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:
@@ -151,6 +188,7 @@ def test_episodes_on_two_worker_nodes_are_the_single_process_trajectories(
         assert contract(t) == contract(by_id[t.trajectory_id])
 
 
+@driver
 def test_a_nodes_sandbox_resource_is_a_hard_limit(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:
@@ -173,6 +211,7 @@ def test_a_nodes_sandbox_resource_is_a_hard_limit(
     assert set(peaks) == {"w1", "w2"} and max(peaks.values()) <= SANDBOXES_PER_NODE
 
 
+@driver
 def test_a_tool_error_raised_on_a_node_reaches_the_driver_whole(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:
@@ -193,6 +232,7 @@ def test_a_tool_error_raised_on_a_node_reaches_the_driver_whole(
     on_cluster(probe, run_id, body)
 
 
+@driver
 def test_killing_a_worker_node_mid_rollout_accounts_for_every_episode_and_leaks_nothing(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:

@@ -257,10 +257,12 @@ class SandboxFleet:
                 ).remote(self.run_id, name)
                 started.append(_Worker(actor, name, node_id, capacity))
             for worker in started:
-                try:
-                    status: WorkerStatus = await worker.call("status")
-                except SandboxError as e:
-                    log.warning("sandbox worker on node %s did not start: %s", worker.node, e)
+                try:  # bounded: a node that hangs must not stall every INIT behind the lock
+                    status: WorkerStatus = await asyncio.wait_for(worker.call("status"), 120)
+                except (SandboxError, TimeoutError) as e:
+                    log.warning("sandbox worker on node %s did not start: %r", worker.node, e)
+                    with contextlib.suppress(Exception):
+                        ray.kill(worker.actor)
                     continue
                 if status.reaped:
                     log.info("node %s: reaped %d container(s)", worker.node, status.reaped)

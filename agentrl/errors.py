@@ -28,6 +28,12 @@ class AgentRLError(Exception):
         return (type(self), self.args, self.__dict__)
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of an error's text, or its type name if it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class ConfigError(AgentRLError, ValueError):
     """A config or input file is malformed."""
 

@@ -11,6 +11,7 @@ import os
 import socket
 
 from agentrl.cluster.local import ClusterError, driver_ip
+from agentrl.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,8 @@ def connect(address: str, namespace: str = "agentrl") -> None:
             _node_ip_address=driver_ip(address),
         )
     except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ClusterError(
-            f"cannot join the Ray cluster at {address}: {first[:200]}",
+            f"cannot join the Ray cluster at {address}: {first_line(e)[:200]}",
             fix="start it (agentrl cluster up, or ray start --head) and check cluster.address",
         ) from e
     log.info("joined the Ray cluster at %s", address)

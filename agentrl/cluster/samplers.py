@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster.local import ClusterError
+from agentrl.errors import first_line
 
 if TYPE_CHECKING:
     from agentrl.cluster.config import SamplerReplicas
@@ -73,7 +74,7 @@ class SamplerFleet:
             ) from e
         except Exception as e:
             await self.close()
-            raise ClusterError(f"a sampler replica failed to start: {e}".splitlines()[0]) from e
+            raise ClusterError(f"a sampler replica failed to start: {first_line(e)}") from e
         log.info("sampler replicas: %s", ", ".join(urls))
         return urls
 

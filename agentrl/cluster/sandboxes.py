@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.cluster.local import NODE_RESOURCE, ClusterError
-from agentrl.errors import SandboxError
+from agentrl.errors import SandboxError, first_line
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.tasks.env import TaskEnv, build_tools
 from agentrl.tasks.graders import Grade
@@ -204,8 +204,8 @@ class _Worker:
             raise SandboxError(f"node {self.node}: {method} failed: {e}") from None
         except RayActorError as e:  # the actor died: its node (or process) is gone
             self.dead = True
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SandboxLost(f"sandbox node {self.node} is gone ({first[:160]})") from None
+            why = first_line(e)[:160]
+            raise SandboxLost(f"sandbox node {self.node} is gone ({why})") from None
 
 
 class SandboxFleet:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster.local import ClusterError
+from agentrl.errors import first_line
 
 if TYPE_CHECKING:
     from agentrl.backends.fsdp import FSDPConfig
@@ -126,8 +127,7 @@ class TrainerGroup:
                 calls = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
                 log.info("a follower rank mirrored %d backend calls", calls)
             except Exception as e:  # a follower that died or hung must not hang rank 0
-                why = (str(e).splitlines() or [type(e).__name__])[0]
-                log.warning("a follower rank did not end cleanly: %s", why)
+                log.warning("a follower rank did not end cleanly: %s", first_line(e))
                 ray.cancel(ref, force=True)
         self.runs = []
         if self.placement is not None:

@@ -24,6 +24,7 @@ from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.tasks.env import build_tools
+from agentrl.tasks.graders import Evidence, TestsDidNotRun
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import (
     BASH_BLOCK_HINT,
@@ -146,8 +147,10 @@ class Episode:
         self.sandbox: Sandbox | None = None
         self.reward: float | None = None
         self.components: dict[str, Any] = {}
+        self.evidence: Evidence | None = None
         self.stop: StopReason | None = None
         self.error: str | None = None
+        self.fix: str | None = None
         self.env_info = EnvInfo(provider=env.provider_name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
         self._closing: asyncio.Future[None] | None = None
@@ -160,8 +163,8 @@ class Episode:
         """Whether an infrastructure failure already ended this episode."""
         return self.stop in INFRA_STOP_REASONS
 
-    def fail(self, stop: StopReason, error: str) -> None:
-        self.stop, self.error = stop, error
+    def fail(self, stop: StopReason, error: str, fix: str | None = None) -> None:
+        self.stop, self.error, self.fix = stop, error, fix or None
 
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
@@ -178,14 +181,15 @@ class Episode:
                     self.env_info.init_attempts = attempt.retry_state.attempt_number
                     async with asyncio.timeout(timeout):
                         self.sandbox = await self.env.init(self.instance, name=self.trajectory_id)
-            self.env_info.image = await self.env.image()
-            self.env_info.node = self.sandbox.spec.node if self.sandbox is not None else None
+            if self.sandbox is not None:  # the image that ran (SWE-bench: the instance's own)
+                self.env_info.image = self.sandbox.spec.image
+                self.env_info.node = self.sandbox.spec.node
             if self.snapshots.every:
                 self.start_snapshot(None, "init")
         except TimeoutError:
             self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
         except AgentRLError as e:  # sandbox died, setup failed, image missing
-            self.fail(StopReason.sandbox_error, str(e))
+            self.fail(StopReason.sandbox_error, str(e), e.fix)
         finally:
             self.seconds["init"] = time.monotonic() - start
 
@@ -212,9 +216,9 @@ class Episode:
             else:
                 self.stop = StopReason.episode_timeout
         except SamplerError as e:  # the sampler failed: infrastructure, not the agent
-            self.fail(StopReason.aborted, str(e))
+            self.fail(StopReason.aborted, str(e), e.fix)
         except AgentRLError as e:
-            self.fail(StopReason.sandbox_error, str(e))
+            self.fail(StopReason.sandbox_error, str(e), e.fix)
         finally:
             self.seconds["run"] = time.monotonic() - start
 
@@ -228,12 +232,14 @@ class Episode:
             async with asyncio.timeout(timeout):
                 grade = await self.env.evaluate(self.sandbox, self.instance)
             self.reward, self.components = grade.reward, grade.components
+            self.evidence = grade.evidence
         except TimeoutError:
             self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
-        except GraderError as e:
-            self.fail(StopReason.eval_error, str(e))
+        except GraderError as e:  # the grader could not grade: never a reward
+            self.evidence = e.evidence if isinstance(e, TestsDidNotRun) else None
+            self.fail(StopReason.eval_error, str(e), e.fix)
         except AgentRLError as e:
-            self.fail(StopReason.sandbox_error, str(e))
+            self.fail(StopReason.sandbox_error, str(e), e.fix)
         finally:
             self.seconds["eval"] = time.monotonic() - start
 
@@ -304,24 +310,29 @@ class Episode:
             ]
             if env_info.init_snapshot in gone:
                 env_info = env_info.model_copy(update={"init_snapshot": None})
-        return Trajectory(
-            trajectory_id=self.trajectory_id,
-            group_id=self.instance.id,
-            task=self.task.spec.name,
-            prompt_ids=chat.prompt_ids,
-            response_ids=chat.response_ids,
-            # An infrastructure failure is never trained on as if the agent failed.
-            loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
-            logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
-            token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
-            reward=self.reward,
-            reward_components=self.components,
-            stop_reason=stop,
-            turns=turns,
-            scheduled_step=self.scheduled_step,
-            env=env_info,
-            error=self.error,
-        ).check()
+        return (
+            Trajectory(
+                trajectory_id=self.trajectory_id,
+                group_id=self.instance.id,
+                task=self.task.spec.name,
+                prompt_ids=chat.prompt_ids,
+                response_ids=chat.response_ids,
+                # An infrastructure failure is never trained on as if the agent failed.
+                loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
+                logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
+                token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
+                reward=self.reward,
+                reward_components=self.components,
+                stop_reason=stop,
+                turns=turns,
+                scheduled_step=self.scheduled_step,
+                env=env_info,
+                error=self.error,
+                fix=self.fix,
+            )
+            .check()
+            .with_grade(self.evidence)
+        )
 
 
 async def run_episode(

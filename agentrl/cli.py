@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -55,10 +56,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agentrl.inference.embedded import load_tokenizer
-    from agentrl.runner import load_any_task, make_policy, run_task
+    from agentrl.runner import load_any_task, make_policy, run_task, select_instances
     from agentrl.sandbox import provider
 
-    task = load_any_task(args.task)
+    task = select_instances(load_any_task(args.task), _ids(args.instances))
     overrides = {
         k: v
         for k, v in (("max_turns", args.max_turns), ("max_new_tokens", args.max_new_tokens))
@@ -100,15 +101,82 @@ def _cmd_run(args: argparse.Namespace) -> int:
     table = Table(title=f"agentrl run {task.spec.name} -> {out}")
     table.add_column("metric")
     table.add_column("value")
-    for key, value in summary.model_dump().items():  # type: ignore[attr-defined]
+    infra_keys = ("infra_failures", "first_infra_error", "first_infra_fix")
+    for key, value in summary.model_dump(exclude=set(infra_keys)).items():  # type: ignore[attr-defined]
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        table.add_row(key, shown)
+        table.add_row(key, shown, style="dim" if value is None else None)
     console.print(table)
     _print_first_conversation(out / "conversations.jsonl")
     console.print(
         f"trajectories: {out / 'trajectories.jsonl'}  conversations: {out / 'conversations.jsonl'}"
     )
-    return 0
+    failed, total = summary.infra_failures, summary.trajectories  # type: ignore[attr-defined]
+    if failed:  # apart from the rewards: these episodes were not graded, and never trained on
+        err_console.print(
+            f"[red]infrastructure failures:[/red] {failed} of {total} episodes (not graded, "
+            f"not counted in the reward): see `agentrl failures {out}`",
+            highlight=False,
+        )
+        err_console.print(f"first: {summary.first_infra_error}", markup=False)  # type: ignore[attr-defined]
+        if summary.first_infra_fix:  # type: ignore[attr-defined]
+            err_console.print(f"fix: {summary.first_infra_fix}", markup=False)  # type: ignore[attr-defined]
+    return 1 if total and failed == total else 0
+
+
+def _ids(text: str | None) -> list[str] | None:
+    """`--instances a,b,c` as a list (None: every instance)."""
+    if not text:
+        return None
+    return [i.strip() for i in text.split(",") if i.strip()]
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from agentrl.check import check_paths
+    from agentrl.runner import write_atomic
+    from agentrl.sandbox import provider
+
+    with console.status("running each instance's reference solution and a no-op..."):
+        rows = check_paths(
+            args.paths,
+            provider(args.provider),
+            instances=_ids(args.instances),
+            concurrency=args.concurrency,
+        )
+    table = Table(title="agentrl check: the oracle must earn 1.0, doing nothing less")
+    for col in ("task", "instance", "oracle", "no-op", "oracle tests", "no-op tests", "infra"):
+        table.add_column(col)
+    table.add_column("s", justify="right")
+    for row in rows:
+        errors = [e for e in (row.oracle.error, row.noop.error) if e]
+        table.add_row(
+            row.task,
+            row.instance,
+            _reward(row.oracle.reward),
+            _reward(row.noop.reward),
+            row.oracle.tests,
+            row.noop.tests,
+            "; ".join(errors),
+            f"{row.oracle.seconds + row.noop.seconds:.0f}",
+            style=None if row.ok else "red",
+        )
+    console.print(table)
+    bad = [r for r in rows if not r.ok]
+    console.print(f"{len(rows) - len(bad)} of {len(rows)} instances pass")
+    for row in bad:
+        for what, outcome in (("oracle", row.oracle), ("no-op", row.noop)):
+            if outcome.fix:
+                console.print(f"{row.instance} {what}: fix: {outcome.fix}", markup=False)
+    if args.json:
+        data = json.dumps([r.model_dump() for r in rows], indent=2) + "\n"
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.json, data)
+    return 1 if bad or not rows else 0
+
+
+def _reward(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -453,7 +521,7 @@ def _containers_by_node() -> dict[str, int]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from agentrl.tasks.load import is_task_path, load_task
+    from agentrl.tasks.load import is_task_path
     from agentrl.trajectory import TrajectoryStore
 
     bad = 0
@@ -467,7 +535,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 err_console.print(str(e), markup=False)
                 bad += 1
             else:
-                console.print(f"{path}: ok ({len(rows.instances)} SWE-bench instances)")
+                what = f"{len(rows.instances)} instances, read as {rows.format} rows"
+                console.print(f"{path}: ok ({what})", markup=False)
         elif path.suffix == ".jsonl":
             try:
                 count = sum(1 for _ in TrajectoryStore(path).read())
@@ -481,12 +550,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
             bad += not _check_config(path, lambda p: f"train config {load_train_config(p).name}")
         elif is_task_path(path):  # a .yaml/.yml task, or a task folder (load_task dispatches)
-            bad += not _check_config(path, lambda p: f"{len(load_task(p).instances)} instances")
+            bad += not _check_config(path, _described)
         else:
             what = "a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)"
             err_console.print(f"{path}: neither {what}", markup=False)
             bad += 1
     return 1 if bad else 0
+
+
+def _described(path: Path) -> str:
+    from agentrl.tasks.load import load_task
+
+    task = load_task(path)
+    return f"{len(task.instances)} instances, read as a {task.format} task"
 
 
 def _check_config(path: Path, load: Callable[[Path], str]) -> bool:
@@ -555,6 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="local (the embedded model), openai:URL, router:URL,URL,... or scripted:FILE",
     )
     r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
+    r.add_argument("--instances", help="only these instances (comma-separated ids)")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
     r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
     r.add_argument("--concurrency", type=int, default=4, help="generation slots")
@@ -568,6 +645,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="snapshot the sandbox after INIT and every K turns (0: off); overrides the task",
     )
     r.set_defaults(func=_cmd_run)
+
+    ck = sub.add_parser(
+        "check",
+        help="run every instance's reference solution and a no-op through the real grader",
+    )
+    ck.add_argument("paths", nargs="+", type=Path, help="task files, task folders, row files")
+    ck.add_argument("--instances", help="only these instances (comma-separated ids)")
+    ck.add_argument("--json", type=Path, help="also write the table as JSON here")
+    ck.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    ck.add_argument("--concurrency", type=int, default=2, help="instances at once")
+    ck.set_defaults(func=_cmd_check)
 
     rp = sub.add_parser(
         "replay", help="restore a recorded episode's sandbox and act on its replies again"

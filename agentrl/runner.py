@@ -48,6 +48,8 @@ class RunSummary(BaseModel):
     reward_max: float | None
     stop_reasons: dict[str, int]
     infra_failures: int
+    first_infra_error: str | None
+    first_infra_fix: str | None
     turns_mean: float
     tool_calls: int
     tool_errors: int
@@ -102,8 +104,24 @@ def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
     return env_class(task, provider, run_id)
 
 
+def select_instances(task: Task, ids: list[str] | None, *, strict: bool = True) -> Task:
+    """`task` with only the instances in `ids` (all when None); with `strict`, an id the
+    task does not have is a ConfigError naming the ones it has."""
+    if not ids:
+        return task
+    have = [i.id for i in task.instances]
+    unknown = [i for i in ids if i not in have]
+    if strict and unknown:
+        listed = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "")
+        raise ConfigError(
+            f"{task.path}: no instance {', '.join(unknown)}", fix=f"its instances: {listed}"
+        )
+    return task.model_copy(update={"instances": [i for i in task.instances if i.id in ids]})
+
+
 def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -> RunSummary:
     rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
+    infra = [t for t in trajs if not t.trainable]
     turns = [turn for t in trajs for turn in t.turns]
     calls = [turn for turn in turns if turn.tool_call is not None]
     errors = [turn for turn in turns if turn.observation.startswith("error:")]
@@ -117,7 +135,9 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
         reward_min=min(rewards) if rewards else None,
         reward_max=max(rewards) if rewards else None,
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
-        infra_failures=sum(not t.trainable for t in trajs),
+        infra_failures=len(infra),
+        first_infra_error=infra[0].error if infra else None,
+        first_infra_fix=infra[0].fix if infra else None,
         turns_mean=len(turns) / len(trajs) if trajs else 0.0,
         tool_calls=len(calls),
         tool_errors=len(errors),
@@ -215,8 +235,11 @@ async def run_task(
                     f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
                     f.write("\n")
                 done.append(traj)
-                mean = statistics.fmean([t.reward or 0.0 for t in done])
-                progress.update(bar, advance=1, description=f"reward mean {mean:.2f}")
+                graded = [t.reward or 0.0 for t in done if t.trainable]
+                mean = f"{statistics.fmean(graded):.2f}" if graded else "-"
+                infra = len(done) - len(graded)
+                shown = f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
+                progress.update(bar, advance=1, description=shown)
     summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
     write_atomic(out_dir / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
     return summary

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from agentrl.errors import TrajectoryError
 
@@ -117,6 +118,18 @@ class Trajectory(_Strict):
     consumed_step: int | None = None
     env: EnvInfo = Field(default_factory=EnvInfo)
     error: str | None = Field(default=None, description="what went wrong, for infra failures")
+    fix: str | None = Field(default=None, description="how to fix that error, when known")
+    grade_file: str | None = Field(
+        default=None,
+        description="the grade's evidence (test command, exit code, per-test statuses, output), "
+        "relative to the trajectory file's folder: <file stem>.grades/<trajectory_id>.json",
+    )
+    _grade: BaseModel | None = PrivateAttr(default=None)
+
+    def with_grade(self, evidence: BaseModel | None) -> Trajectory:
+        """This trajectory, carrying the grader's evidence for the store to write beside it."""
+        self._grade = evidence
+        return self
 
     @property
     def trainable(self) -> bool:
@@ -261,9 +274,23 @@ class TrajectoryStore:
         self.path = Path(path)
         self._lock = threading.Lock()
 
+    @property
+    def grades_dir(self) -> Path:
+        """Where the grades of this file's trajectories go: `<stem>.grades/` beside it."""
+        return self.path.with_name(f"{self.path.stem}.grades")
+
     def append(self, trajectory: Trajectory) -> None:
-        line = trajectory.check().to_json().encode() + b"\n"
+        """Append one trajectory; its grader's evidence (if it carries one) goes to
+        `grades_dir`, written whole before the line that links it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if trajectory._grade is not None:
+            name = re.sub(r"[^\w.-]+", "_", trajectory.trajectory_id) + ".json"
+            self.grades_dir.mkdir(exist_ok=True)
+            tmp = self.grades_dir / f".{name}.tmp"
+            tmp.write_text(trajectory._grade.model_dump_json(indent=1), encoding="utf-8")
+            tmp.replace(self.grades_dir / name)
+            trajectory.grade_file = f"{self.grades_dir.name}/{name}"
+        line = trajectory.check().to_json().encode() + b"\n"
         with self._lock:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:

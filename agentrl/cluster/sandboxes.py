@@ -29,7 +29,14 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.cluster.local import NODE_RESOURCE, ClusterError
 from agentrl.errors import SandboxError, first_line
-from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from agentrl.sandbox.base import (
+    ExecRequest,
+    ExecResult,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+    Sealed,
+)
 from agentrl.tasks.env import TaskEnv, build_tools
 from agentrl.tasks.graders import Grade
 from agentrl.tasks.spec import Instance, Task
@@ -157,6 +164,9 @@ class SandboxWorker:
 
     async def snapshot(self, sandbox_id: str, label: str) -> str:
         return await self._take(sandbox_id).sandbox.snapshot(label)
+
+    async def seal(self, sandbox_id: str) -> Sealed:
+        return await self._take(sandbox_id).sandbox.seal()
 
     async def evaluate(self, sandbox_id: str, instance: Instance) -> Grade:
         held = self._take(sandbox_id)
@@ -355,6 +365,10 @@ class RaySandbox:
         snapshot_id: str = await self.worker.call("snapshot", self.id, label)
         self.fleet.snapshots[snapshot_id] = self.worker  # restore and removal go there
         return snapshot_id
+
+    async def seal(self) -> Sealed:
+        sealed: Sealed = await self.worker.call("seal", self.id)
+        return sealed
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Observation:
         obs: Observation = await self.worker.call("tool", self.id, name, arguments)

@@ -61,6 +61,20 @@ class ExecResult(_Model):
     seconds: float = 0.0
 
 
+class Sealed(_Model):
+    """What `Sandbox.seal` did so that nothing the agent left behind can touch the grade."""
+
+    stopped: list[str] = Field(
+        default_factory=list, description="processes stopped, as 'pid command line'"
+    )
+    restored: list[str] = Field(
+        default_factory=list,
+        description="protected paths put back as the image has them, as 'path (added|changed"
+        "|deleted)'",
+    )
+    notes: list[str] = Field(default_factory=list, description="anything a person should know")
+
+
 class HeadTail:
     """Keeps the first and last `keep` bytes of a stream, so huge output costs bounded memory."""
 
@@ -118,6 +132,13 @@ class Sandbox(Protocol):
 
     async def snapshot(self, label: str) -> str:
         """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes."""
+        ...
+
+    async def seal(self) -> Sealed:
+        """Before grading: stop every process the agent left (the sandbox's own keep-alive
+        excepted), then put each protected path it changed (`agentrl.sandbox.seal`: the
+        interpreters, test runners and shells on the image's PATH, Python's startup hooks,
+        pytest configuration above the tests) back as the image has it."""
         ...
 
     async def close(self) -> None: ...

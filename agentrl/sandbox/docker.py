@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import logging
 import os
 import posixpath
 import re
+import signal
 import socket
 import ssl
 import tarfile
@@ -38,14 +40,24 @@ from pydantic import BaseModel, ConfigDict
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
-from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
+from agentrl.sandbox.base import (
+    FORCED_ENV,
+    ExecRequest,
+    ExecResult,
+    HeadTail,
+    SandboxSpec,
+    Sealed,
+)
 from agentrl.sandbox.images import docker_client
-from agentrl.sandbox.procs import ExitBackstop, kill_session, pid_alive
+from agentrl.sandbox.procs import ExitBackstop, in_cgroup, kill_session, pid_alive
+from agentrl.sandbox.seal import is_protected, path_dirs
 
 log = logging.getLogger(__name__)
 
 RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
 SNAPSHOT_OF = "agentrl.snapshot"
+ORIGIN = "agentrl.origin"  # on a snapshot: the image its chain of snapshots started from
+PROTECTED = "agentrl.protected"  # on a snapshot: protected paths changed since ORIGIN (JSON)
 NODE = "agentrl.node"  # the Ray node whose sandbox worker started it
 SNAPSHOT_REPO = "agentrl-snapshot"
 # What a root shell needs for ordinary work (files, chmod/chown, git, su to a user).
@@ -54,6 +66,8 @@ SHELL_ROWS, SHELL_COLUMNS = 24, 200
 MERGE = 'exec "$@" 2>&1'
 GUARD_S = 10.0  # the client gives up this long after the in-container timeout should fire
 _DIR, _SYMLINK = 1 << 31, 1 << 27  # Go's os.ModeDir and os.ModeSymlink, as get_archive reports
+_KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
+STOP_ROUNDS = 5  # freeze-and-kill rounds before seal() gives up on a process that survives
 
 T = TypeVar("T")
 
@@ -156,6 +170,7 @@ class DockerSandbox:
         self._shell_count = 0
         self._closed = False
         self._lock = threading.Lock()
+        self.keepalive: int | None = None  # host pid of `sleep <ttl>`, which seal() spares
         _backstop.add(self._id, self.close_now)
 
     @property
@@ -304,7 +319,15 @@ class DockerSandbox:
         self._check_open()
         spec = self._spec
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
-        labels = {RUN: spec.run_id, SNAPSHOT_OF: spec.run_id, OWNER: owner(), NAME: spec.name or ""}
+        origin, protected = await self._call(self._protected_changes)
+        labels = {
+            RUN: spec.run_id,
+            SNAPSHOT_OF: spec.run_id,
+            OWNER: owner(),
+            NAME: spec.name or "",
+            ORIGIN: origin,
+            PROTECTED: json.dumps(protected, separators=(",", ":")),
+        }
         image = await self._call(
             self._api.commit,
             self._id,
@@ -313,6 +336,85 @@ class DockerSandbox:
             conf={"Labels": labels},
         )
         return str(image["Id"])
+
+    async def seal(self) -> Sealed:
+        """Stop every process but docker-init and the keep-alive (frozen first, so none can
+        fork meanwhile), then put protected paths back as the origin image has them."""
+        self._check_open()
+        stopped, notes = await self._call(self._stop_processes)
+        restored = await self._call(self._restore_protected)
+        return Sealed(stopped=stopped, restored=restored, notes=notes)
+
+    def _stop_processes(self) -> tuple[list[str], list[str]]:
+        api, stopped, notes = self._api, list[str](), list[str]()
+        for _ in range(STOP_ROUNDS):
+            state = api.inspect_container(self._id)["State"]
+            if not state.get("Running"):
+                raise self._gone("its container stopped")
+            keep = {int(state["Pid"]), self.keepalive}
+            api.pause(self._id)  # the freezer: nothing in the container runs, or forks
+            try:
+                doomed = [(pid, args) for pid, _, args in _top(api, self._id) if pid not in keep]
+                for pid, args in doomed:
+                    if not in_cgroup(pid, self._id):  # an engine on another machine
+                        raise SandboxError(
+                            f"sandbox {self._id[:12]}: cannot stop process {pid} ({args}): "
+                            "the Docker engine does not run on this machine",
+                            fix="grade on the machine whose Docker engine runs the sandboxes "
+                            "(a Ray sandbox node does this)",
+                        )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)  # delivered the moment it thaws
+            finally:
+                api.unpause(self._id)
+            if not doomed:
+                return stopped, notes
+            stopped += [f"{pid} {args}" for pid, args in doomed]
+            time.sleep(0.05)  # docker-init reaps them
+        left = [f"{pid} {args}" for pid, _, args in _top(api, self._id) if pid not in keep]
+        if left:
+            raise SandboxError(f"sandbox {self._id[:12]}: processes survive SIGKILL: {left}")
+        return stopped, notes
+
+    def _protected_changes(self) -> tuple[str, list[list[str]]]:
+        """(origin image id, [[path, kind], ...]) of protected paths changed since the origin:
+        this container's own changes and those its snapshot image carries."""
+        info = self._api.inspect_container(self._id)
+        image = self._api.inspect_image(info["Image"])
+        labels = image.get("Config", {}).get("Labels") or {}
+        origin = labels.get(ORIGIN) or str(image["Id"])
+        changes = {p: k for p, k in json.loads(labels.get(PROTECTED) or "[]")}
+        dirs = path_dirs(info.get("Config", {}).get("Env"))
+        for entry in self._api.diff(self._id) or []:
+            if is_protected(entry["Path"], dirs):
+                changes[entry["Path"]] = _KINDS.get(entry["Kind"], "changed")
+        return origin, [[p, k] for p, k in sorted(changes.items())]
+
+    def _restore_protected(self) -> list[str]:
+        origin, changes = self._protected_changes()
+        if not changes:
+            return []
+        api, absent = self._api, []
+        helper = api.create_container(
+            origin, entrypoint=["true"], network_disabled=True, labels={RUN: "", OWNER: owner()}
+        )["Id"]
+        try:
+            for path, _ in changes:
+                try:
+                    data, stat = _get_archive(api, helper, path)
+                except NotFound:
+                    absent.append(path)
+                    continue
+                if not stat["mode"] & _DIR:  # a folder's changed files are listed themselves
+                    api.put_archive(self._id, posixpath.dirname(path), data)
+        finally:
+            _remove(api, helper)
+        if absent:  # after the put-backs: `rm` itself may have been one of them
+            done = api.exec_create(self._id, ["rm", "-rf", "--", *absent], user="root")
+            api.exec_start(done["Id"])
+            if api.exec_inspect(done["Id"])["ExitCode"] != 0:
+                raise SandboxError(f"sandbox {self._id[:12]}: cannot remove {absent}")
+        return [f"{path} ({kind})" for path, kind in changes]
 
     async def close(self) -> None:
         # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
@@ -471,6 +573,7 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
     sandbox = DockerSandbox(client, container_id, spec)
     try:
         _retry(api.start)(container_id)
+        sandbox.keepalive = _keepalive(api, container_id)
     except (DockerException, requests.RequestException) as exc:
         sandbox.close_now()
         raise SandboxError(f"sandbox from {image} did not start: {_first_line(exc)}") from exc
@@ -478,6 +581,23 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
         sandbox.close_now()
         raise
     return sandbox
+
+
+def _keepalive(api: Any, container_id: str) -> int:
+    """The host pid of the main process (`sleep <ttl>`, docker-init's child) of a new container."""
+    init = int(api.inspect_container(container_id)["State"]["Pid"])
+    for _ in range(100):
+        child = next((pid for pid, ppid, _ in _top(api, container_id) if ppid == init), None)
+        if child is not None:
+            return child
+        time.sleep(0.01)
+    raise SandboxError(f"sandbox {container_id[:12]}: its main process did not start")
+
+
+def _top(api: Any, container_id: str) -> list[tuple[int, int, str]]:
+    """(host pid, host parent pid, command line) of each process in the container."""
+    listing = api.top(container_id, ps_args="-eo pid,ppid,args")
+    return [(int(row[0]), int(row[1]), row[2]) for row in listing.get("Processes") or []]
 
 
 async def _read_frames(raw: socket.socket, output: HeadTail) -> None:

@@ -120,6 +120,16 @@ def folder_hash(folder: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def build_network() -> str:
+    """The network `RUN` steps of image builds get: $AGENTRL_BUILD_NETWORK, else `host`.
+
+    Task Dockerfiles install packages at build time (apt-get, pip), so builds need the
+    network the machine has; `host` works on engines without a default bridge (dockerd
+    --bridge=none) as well as on standard ones. `none` builds with no network at all.
+    Sandboxes themselves always start with no network."""
+    return os.environ.get("AGENTRL_BUILD_NETWORK") or "host"
+
+
 def image_tag(name: str) -> str:
     """The tag recipe `name` is built as."""
     return f"agentrl/{name}:{SUITE}"
@@ -282,7 +292,13 @@ def _build_dockerfile(
     image_id = None
     # docker tags the image only once every step succeeded; forcerm drops failed steps.
     for chunk in client.api.build(
-        path=str(folder), tag=tag, labels=labels, rm=True, forcerm=True, decode=True
+        path=str(folder),
+        tag=tag,
+        labels=labels,
+        rm=True,
+        forcerm=True,
+        decode=True,
+        network_mode=build_network(),
     ):
         for line in ANSI_COLOR.sub("", chunk.get("stream", "")).splitlines():
             if line.strip():

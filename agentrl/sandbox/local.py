@@ -26,12 +26,21 @@ from typing import Literal
 import pexpect
 
 from agentrl.errors import SandboxError, SandboxFileNotFound
-from agentrl.sandbox.base import FORCED_ENV, ExecRequest, ExecResult, HeadTail, SandboxSpec
-from agentrl.sandbox.procs import ExitBackstop, kill_session
+from agentrl.sandbox.base import (
+    FORCED_ENV,
+    ExecRequest,
+    ExecResult,
+    HeadTail,
+    SandboxSpec,
+    Sealed,
+)
+from agentrl.sandbox.procs import ExitBackstop, kill_marked, kill_session
 
 log = logging.getLogger(__name__)
 
 SHELL_DIMENSIONS = (24, 200)
+MARKER = "AGENTRL_SANDBOX"
+"""Environment variable naming the sandbox in every process it starts (what seal() stops)."""
 # Like `docker exec`: once the command exits, wait this long for its background children
 # to let go of the output pipe, then stop reading (they keep running).
 PIPE_GRACE_S = 1.0
@@ -145,7 +154,7 @@ class LocalSandbox:
         return Path(posix)
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        return {**os.environ, **self._spec.env, **FORCED_ENV, **extra}
+        return {**os.environ, **self._spec.env, **FORCED_ENV, **extra, MARKER: self._id}
 
     async def exec(self, request: ExecRequest) -> ExecResult:
         self._check_open()
@@ -250,6 +259,15 @@ class LocalSandbox:
             shutil.rmtree(dest, ignore_errors=True)
             raise
         return snapshot_id
+
+    async def seal(self) -> Sealed:
+        """Stop every process that carries this sandbox's marker in its environment (setsid,
+        nohup and disowned ones too; one that cleared its environment escapes: there is
+        no isolation here). Nothing is restored: there is no image to restore from."""
+        self._check_open()
+        stopped = await asyncio.to_thread(kill_marked, f"{MARKER}={self._id}")
+        notes = ["local provider: no isolation, protected paths are not restored"]
+        return Sealed(stopped=stopped, notes=notes)
 
     async def close(self) -> None:
         await asyncio.shield(asyncio.to_thread(self.close_now))

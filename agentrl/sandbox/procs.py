@@ -41,6 +41,34 @@ def kill_session(sid: int, *, cgroup_marker: str | None = None) -> int:
     return killed
 
 
+def kill_marked(marker: str, rounds: int = 5) -> list[str]:
+    """SIGKILL every process of ours whose environment holds `marker` (`NAME=value`), in
+    rounds until none is left (a process may fork while we look); 'pid command' of each."""
+    own, wanted, killed = os.getpid(), b"\0" + marker.encode() + b"\0", []
+    for _ in range(rounds):
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == own:
+                continue
+            with contextlib.suppress(OSError):
+                if wanted in b"\0" + (entry / "environ").read_bytes() + b"\0":
+                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").strip()
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    found.append(f"{entry.name} {command.decode(errors='replace')}")
+        if not found:
+            break
+        killed += found
+    return killed
+
+
+def in_cgroup(pid: int, marker: str) -> bool:
+    """Whether process `pid` on this host exists and its cgroup names `marker` (a container id)."""
+    try:
+        return marker in (Path("/proc") / str(pid) / "cgroup").read_text()
+    except OSError:
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host (one we may not signal counts)."""
     try:

@@ -2,8 +2,13 @@
 
 INIT resolves the image (named, or built from the task's recipe folder once per recipe
 hash), starts a sandbox with the task's limits, copies `sandbox.files` in and runs the
-setup commands. EVAL copies `grader.files` in (only then, so the agent never saw them)
-and grades. Paths in the spec are relative to `task.base_dir`.
+setup commands. EVAL first seals the sandbox (every process the agent left is stopped,
+protected paths are put back as the image has them: `agentrl.sandbox.seal`), then
+copies `grader.files` in (only then, so the agent never saw them; root's, not writable
+by others) and grades. Tests that cannot run after the agent's changes are referred to
+an untouched sandbox of the same instance, once per instance: if they run there, the
+agent's changes stopped them (reward 0); if not, the grader cannot run its tests here
+(eval_error). Paths in the spec are relative to `task.base_dir`.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-from agentrl.errors import ConfigError, SandboxError
+from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
-from agentrl.tasks.graders import Grade, fill, grade
+from agentrl.tasks.graders import Grade, TestsDidNotRun, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
 
@@ -72,6 +77,8 @@ class TaskEnv:
         self.run_id = run_id
         self._image: str | None = None
         self._image_lock = asyncio.Lock()
+        self._references: dict[str, Grade | GraderError] = {}
+        self._reference_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def provider_name(self) -> str:
@@ -135,7 +142,18 @@ class TaskEnv:
         return sandbox
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
-        """Copy the grader's files in now, then grade; GraderError if the grader fails."""
+        """Seal the sandbox, then grade it; GraderError (eval_error) if it cannot be graded."""
+        sealed = await sandbox.seal()
+        try:
+            graded = await self.grade(sandbox, instance)
+        except TestsDidNotRun as failed:
+            failed.evidence.sealed = sealed
+            graded = await self._referred(instance, failed)
+        graded.evidence.sealed = sealed
+        return graded
+
+    async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        """Copy the grader's files in, then run the grader (no sealing: see `evaluate`)."""
         grader = self.task.spec.grader
         folders = [d for d, s in grader.files.items() if self._local(s).is_dir()]
         workdir = sandbox.spec.workdir
@@ -149,8 +167,64 @@ class TaskEnv:
         if doomed:
             await sandbox.exec(ExecRequest(command=["rm", "-rf", "--", *doomed], timeout=60))
         for dest, source in grader.files.items():
-            await put_path(sandbox, self._local(source), dest)
+            await put_path(sandbox, self._local(source), dest, readonly=True)
         return await grade(self.task, instance, sandbox)
+
+    async def run_oracle(self, sandbox: Sandbox, instance: Instance) -> str:
+        """Run the task's reference solution (`oracle:` commands) in the sandbox; its output."""
+        if not self.task.spec.oracle:
+            raise ConfigError(
+                f"{self.task.path}: no reference solution",
+                fix="add `oracle:` (shell commands that solve an instance) to the task",
+            )
+        outputs = []
+        for template in self.task.spec.oracle:
+            command = fill(template, instance)
+            done = await sandbox.exec(ExecRequest(command=command, timeout=SETUP_TIMEOUT_S))
+            outputs.append(done.output)
+            if done.exit_code != 0:
+                raise SandboxError(
+                    f"oracle command {_one_line(command, 120)!r} exited {done.exit_code}: "
+                    f"{_one_line(done.output, 300, tail=True)}",
+                    fix=f"fix the oracle of {self.task.path}",
+                )
+        return "".join(outputs)
+
+    async def reference(self, instance: Instance) -> Grade | GraderError:
+        """The grade of an untouched sandbox of `instance` (INIT, then straight to grading),
+        or why it could not be graded either; made once per instance and kept."""
+        async with self._reference_locks.setdefault(instance.id, asyncio.Lock()):
+            if instance.id not in self._references:
+                sandbox = await self.init(instance, name=f"{instance.id}-reference")
+                try:
+                    result: Grade | GraderError = await self.grade(sandbox, instance)
+                except GraderError as e:  # TestsDidNotRun too
+                    result = e
+                finally:
+                    await sandbox.close()
+                self._references[instance.id] = result
+            return self._references[instance.id]
+
+    async def _referred(self, instance: Instance, failed: TestsDidNotRun) -> Grade:
+        """Decide whose fault `failed` is by grading an untouched sandbox of the instance."""
+        try:
+            reference = await self.reference(instance)
+        except SandboxError as e:  # not kept: the next failure asks again
+            reference = GraderError(f"an untouched sandbox did not start: {e}")
+        evidence = failed.evidence
+        if isinstance(reference, GraderError):
+            evidence.reference = f"in an untouched sandbox the tests did not run either: {reference}"
+            raise TestsDidNotRun(
+                f"{failed} (in an untouched sandbox too: {reference})",
+                evidence,
+                fix=failed.fix or reference.fix or f"run `agentrl check {self.task.path}`",
+            )
+        evidence.reference = (
+            f"in an untouched sandbox the tests ran (reward {reference.reward:g}, "
+            f"{_brief(reference)}): the agent's changes stopped them, so the reward is 0"
+        )
+        components = {"exit_code": evidence.exit_code, "tests_ran": False}
+        return Grade(reward=0.0, components=components, evidence=evidence, seconds=0.0)
 
     def _local(self, relative: str) -> Path:
         path = Path(self.task.base_dir) / relative
@@ -174,10 +248,13 @@ class TaskEnv:
         return info.tag
 
 
-async def put_path(sandbox: Sandbox, source: Path, dest: str) -> int:
-    """Copy a file or a folder (binary-safe, modes kept) to `dest`; returns the files copied."""
+async def put_path(sandbox: Sandbox, source: Path, dest: str, *, readonly: bool = False) -> int:
+    """Copy a file or a folder (binary-safe, modes kept) to `dest`; returns the files copied.
+
+    `readonly`: nobody but the owner (root, who copies them) may write the files."""
+    mask = 0o755 if readonly else 0o777
     if source.is_file():
-        await sandbox.write_file(dest, source.read_bytes(), mode=source.stat().st_mode & 0o777)
+        await sandbox.write_file(dest, source.read_bytes(), mode=source.stat().st_mode & mask)
         return 1
     entries = sorted(source.rglob("*"))
     folders = [
@@ -189,8 +266,15 @@ async def put_path(sandbox: Sandbox, source: Path, dest: str) -> int:
     files = [p for p in entries if p.is_file()]
     for path in files:
         target = posixpath.join(dest, path.relative_to(source).as_posix())
-        await sandbox.write_file(target, path.read_bytes(), mode=path.stat().st_mode & 0o777)
+        await sandbox.write_file(target, path.read_bytes(), mode=path.stat().st_mode & mask)
     return len(files)
+
+
+def _brief(graded: Grade) -> str:
+    tests = graded.evidence.tests
+    if tests:
+        return f"{len(tests)} tests parsed"
+    return f"exit code {graded.evidence.exit_code}"
 
 
 def _absolute(path: str, workdir: str) -> str:

@@ -1,10 +1,18 @@
-"""Graders: the sandbox after RUN becomes a reward (EVAL).
+"""Graders: the sandbox after RUN becomes a reward (EVAL), with the evidence behind it.
 
 Three kinds, declared in `spec.py`: a command (exit code 0 gives 1.0, or the number it
 wrote to a reward file), pytest (every FAIL_TO_PASS and PASS_TO_PASS test must pass,
-read from the `-rA` summary), and a python `module:function`. A grader that crashes or
-times out raises `GraderError`, which the episode records as eval_error, never as a
-reward of 0. A sandbox that dies under a grader raises `SandboxError` as usual.
+read from the `-rA` summary), and a python `module:function`. Importers add their own
+(Terminal-Bench, Harbor, SWE-bench) on the same models.
+
+Every grade carries `Evidence`: the test command, its exit code, per-test statuses, the
+head and tail of its output, and what EVAL did first (processes stopped, protected
+paths restored, runtime substitutions). Three outcomes:
+- a `Grade`: the tests ran and said something about the agent's work;
+- `TestsDidNotRun`: the test command could not run here (missing runner, crash by
+  signal, timeout, nothing parsed, no reward file). The environment decides whose
+  fault that was (`TaskEnv.evaluate` asks an untouched sandbox);
+- `GraderError`: the grader itself is broken; the episode is eval_error, never a 0.
 """
 
 from __future__ import annotations
@@ -23,21 +31,54 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import ConfigError, GraderError, SandboxError, SandboxFileNotFound
-from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, Sealed
 from agentrl.tasks.spec import CommandGrader, Instance, PytestGrader, PythonGrader, Task
 
 OUTPUT_KEEP_CHARS = 8000
-"""`Grade.output` keeps this many characters: a quarter from the start, the rest from the end."""
+"""Evidence keeps this many characters of output: a quarter from the start, the rest from the end."""
 PYTEST_STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 PASSING = ("PASSED", "XFAIL")
 """Statuses a listed test may have for the pytest grader to pass it (as SWE-bench grades)."""
+SIGNAL_EXITS = {132: "SIGILL", 133: "SIGTRAP", 134: "SIGABRT", 135: "SIGBUS", 136: "SIGFPE"}
+SIGNAL_EXITS |= {137: "SIGKILL (out of memory?)", 139: "SIGSEGV"}
+"""Exit codes (128 + signal) of a test command that died rather than reported."""
 
 _PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 _NODE_ID = re.compile(r"[^\s\[]+(?:\[.*?\])?(?=\s|$)")
+
+
+class Evidence(BaseModel):
+    """What a person needs to trust or dispute a grade."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grader: str = Field(description="command, pytest, python, terminal-bench, harbor, swe-bench")
+    command: str = Field(default="", description="the test command, as run")
+    exit_code: int | None = Field(default=None, description="its exit code (None: killed)")
+    tests: dict[str, str] = Field(
+        default_factory=dict, description="test id -> status, as the harness's parser read them"
+    )
+    output: str = Field(default="", description="head and tail of the test command's output")
+    substitutions: list[str] = Field(
+        default_factory=list, description="runtime substitutions, e.g. the offline test runtime"
+    )
+    sealed: Sealed | None = Field(
+        default=None, description="processes stopped and protected paths restored before grading"
+    )
+    tampered: list[str] = Field(
+        default_factory=list,
+        description="test files the agent changed (restored before the tests ran)",
+    )
+    notes: list[str] = Field(default_factory=list, description="anything else a person should know")
+    reference: str | None = Field(
+        default=None,
+        description="the tests did not run after the agent's changes: what an untouched "
+        "sandbox gave, which decided whether that is the agent's doing (reward 0) or not",
+    )
 
 
 class Grade(BaseModel):
@@ -47,25 +88,33 @@ class Grade(BaseModel):
 
     reward: float
     components: dict[str, Any]
-    """The grader's raw outputs (exit code, per-test statuses, extra reward keys)."""
-    output: str
-    """What the grader printed, head and tail kept."""
+    """The grader's raw outputs in brief (exit code, tests passed/failed, resolved, extra keys);
+    the trajectory's `reward_components`."""
+    evidence: Evidence
     seconds: float
 
 
+class TestsDidNotRun(GraderError):
+    """The test command could not run in this sandbox; `evidence` shows how far it got."""
+
+    def __init__(self, message: str, evidence: Evidence, *, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.evidence = evidence
+
+
 async def grade(task: Task, instance: Instance, sandbox: Sandbox) -> Grade:
-    """Grade `sandbox` with the task's grader; GraderError if the grader itself fails."""
+    """Grade `sandbox` with the task's grader; TestsDidNotRun / GraderError as above."""
     grader, started = task.spec.grader, time.monotonic()
     if isinstance(grader, CommandGrader):
-        reward, components, output = await _command(grader, instance, sandbox)
+        reward, components, evidence = await _command(grader, instance, sandbox)
     elif isinstance(grader, PytestGrader):
-        reward, components, output = await _pytest(grader, instance, sandbox)
+        reward, components, evidence = await _pytest(grader, instance, sandbox)
     else:
-        reward, components, output = await _python(grader, instance, sandbox, task.base_dir)
+        reward, components, evidence = await _python(grader, instance, sandbox, task.base_dir)
     return Grade(
         reward=reward,
         components=components,
-        output=truncate(output),
+        evidence=evidence,
         seconds=time.monotonic() - started,
     )
 
@@ -89,6 +138,21 @@ def truncate(text: str, keep: int = OUTPUT_KEEP_CHARS) -> str:
         return text
     head, tail = keep // 4, keep - keep // 4
     return f"{text[:head]}\n[... {len(text) - keep} chars elided ...]\n{text[-tail:]}"
+
+
+def ran(result: ExecResult, what: str, grader: str, command: str) -> Evidence:
+    """Evidence of one test command; TestsDidNotRun if it timed out, was not found or died."""
+    evidence = Evidence(
+        grader=grader, command=command, exit_code=result.exit_code, output=truncate(result.output)
+    )
+    if result.timed_out:
+        raise TestsDidNotRun(f"{what} timed out after {result.seconds:.0f} s", evidence)
+    code = result.exit_code
+    if code in (126, 127):
+        raise TestsDidNotRun(f"{what} did not run (exit {code}): {tail(result.output)}", evidence)
+    if code in SIGNAL_EXITS:
+        raise TestsDidNotRun(f"{what} died of {SIGNAL_EXITS[code]} (exit {code})", evidence)
+    return evidence
 
 
 def parse_reward(text: str, source: str) -> tuple[float, dict[str, Any]]:
@@ -164,30 +228,40 @@ def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
     return field
 
 
+def test_counts(tests: dict[str, str], passing: Iterable[str] = PASSING) -> dict[str, int]:
+    """`tests_passed` / `tests_failed` of a status map, for a trajectory's reward components."""
+    ok = set(passing)
+    passed = sum(status in ok for status in tests.values())
+    return {"tests_passed": passed, "tests_failed": len(tests) - passed}
+
+
 async def _command(
     grader: CommandGrader, instance: Instance, sandbox: Sandbox
-) -> tuple[float, dict[str, Any], str]:
+) -> tuple[float, dict[str, Any], Evidence]:
     reward_file = fill(grader.reward_file, instance) if grader.reward_file else None
     if reward_file:  # a file the agent left there must not count
         await sandbox.exec(ExecRequest(command=["rm", "-f", reward_file], timeout=30))
-    result = await _run(sandbox, fill(grader.command, instance), grader.timeout, "grader command")
+    command = fill(grader.command, instance)
+    result = await sandbox.exec(ExecRequest(command=command, timeout=grader.timeout))
+    evidence = ran(result, "the grader command", "command", command)
     components: dict[str, Any] = {"exit_code": result.exit_code}
     if reward_file is None:
-        return (1.0 if result.exit_code == 0 else 0.0), components, result.output
+        return (1.0 if result.exit_code == 0 else 0.0), components, evidence
     try:
         data = await sandbox.read_file(reward_file)
     except SandboxFileNotFound:
-        raise GraderError(
-            f"grader command exited {result.exit_code} and wrote no reward file {reward_file}: "
-            f"{_tail(result.output)}"
+        raise TestsDidNotRun(
+            f"the grader command exited {result.exit_code} and wrote no reward file "
+            f"{reward_file}: {tail(result.output)}",
+            evidence,
         ) from None
     reward, extra = parse_reward(data.decode(errors="replace"), reward_file)
-    return reward, {**components, **extra}, result.output
+    return reward, {**components, **extra}, evidence
 
 
 async def _pytest(
     grader: PytestGrader, instance: Instance, sandbox: Sandbox
-) -> tuple[float, dict[str, Any], str]:
+) -> tuple[float, dict[str, Any], Evidence]:
     fail_to_pass = listed_tests(grader.fail_to_pass, instance)
     pass_to_pass = listed_tests(grader.pass_to_pass, instance)
     wanted = list(dict.fromkeys(fail_to_pass + pass_to_pass))
@@ -197,18 +271,24 @@ async def _pytest(
     if "-rA" not in command.split():
         command += " -rA"
     command += " " + " ".join(shlex.quote(t) for t in wanted)
-    result = await _run(sandbox, command, grader.timeout, "pytest")
-    if result.exit_code in (126, 127):  # the command itself is missing, not a failing test
-        raise GraderError(f"pytest did not run (exit {result.exit_code}): {_tail(result.output)}")
+    result = await sandbox.exec(ExecRequest(command=command, timeout=grader.timeout))
+    evidence = ran(result, "pytest", "pytest", command)
     found = parse_pytest_log(result.output, wanted)
     tests = {t: found.get(t, "MISSING") for t in wanted}
+    evidence.tests = tests
+    if not found.keys() & set(wanted):
+        raise TestsDidNotRun(
+            f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed tests: "
+            f"{tail(result.output)}",
+            evidence,
+        )
     reward = 1.0 if all(s in PASSING for s in tests.values()) else 0.0
-    return reward, {"tests": tests, "exit_code": result.exit_code}, result.output
+    return reward, {"exit_code": result.exit_code, **test_counts(tests)}, evidence
 
 
 async def _python(
     grader: PythonGrader, instance: Instance, sandbox: Sandbox, base_dir: str
-) -> tuple[float, dict[str, Any], str]:
+) -> tuple[float, dict[str, Any], Evidence]:
     fn = load_function(grader.function, Path(base_dir))
     try:
         value = fn(sandbox, instance)
@@ -222,6 +302,8 @@ async def _python(
         raise
     except Exception as exc:
         raise GraderError(f"grader {grader.function} crashed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(value, Grade):  # an importer's grader, with its own evidence
+        return value.reward, value.components, value.evidence
     if _is_number(value):
         reward, components, output = float(value), {}, ""
     elif isinstance(value, dict) and _is_number(value.get("reward")):
@@ -234,7 +316,7 @@ async def _python(
         )
     if not math.isfinite(reward):
         raise GraderError(f"grader {grader.function} returned a reward of {reward}")
-    return reward, components, output
+    return reward, components, Evidence(grader="python", command=grader.function, output=output)
 
 
 def load_function(path: str, base_dir: Path) -> Callable[..., Any]:
@@ -272,14 +354,7 @@ def _load_file(file: Path, module_name: str) -> Any:
     return module
 
 
-async def _run(sandbox: Sandbox, command: str, timeout: float, what: str) -> ExecResult:
-    result = await sandbox.exec(ExecRequest(command=command, timeout=timeout))
-    if result.timed_out:
-        raise GraderError(f"{what} timed out after {timeout:g} s: {_tail(result.output)}")
-    return result
-
-
-def _tail(output: str, chars: int = 300) -> str:
+def tail(output: str, chars: int = 300) -> str:
     """The end of some output on one line, for an error message."""
     text = " | ".join(line.strip() for line in output.strip().splitlines() if line.strip())
     return ("..." + text[-chars:]) if len(text) > chars else (text or "(no output)")

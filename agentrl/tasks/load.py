@@ -226,10 +226,12 @@ class _Loader(YamlFile):
         ]
         if isinstance(spec.grader, CommandGrader):
             templates.append((("grader", "command"), spec.grader.command))
+        templates += [(("sandbox", "setup", i), c) for i, c in enumerate(spec.sandbox.setup)]
+        templates += [(("oracle", i), c) for i, c in enumerate(spec.oracle)]
         fields = sorted({f for inst in instances for f in inst.fields})
         for loc, text in templates:
-            try:
-                names = _fill_names(text) if loc[0] == "grader" else _format_names(text)
+            try:  # shell commands are filled like graders.fill, prompts like str.format
+                names = _format_names(text) if loc[0] == "prompt" else _fill_names(text)
             except ValueError as e:
                 self.add(loc, f"{e} (write {{{{ or }}}} for a literal brace)")
                 continue

@@ -188,6 +188,11 @@ class TaskSpec(_Model):
     grader: Grader
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     snapshots: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
+    oracle: list[str] = Field(
+        default_factory=list,
+        description="the reference solution: shell commands (with {field} placeholders) that "
+        "solve an instance when run in its sandbox after INIT; `agentrl check` runs them",
+    )
 
     def tool_configs(self) -> list[ToolConfig]:
         return [ToolConfig(name=t) if isinstance(t, str) else t for t in self.tools]
@@ -219,4 +224,9 @@ class Task(_Model):
     env: str = Field(
         default="agentrl.tasks.env:TaskEnv",
         description="module:Class of the INIT/EVAL runtime (SWE-bench gives each instance its image)",
+    )
+    format: str = Field(
+        default="agentrl",
+        description="what the task was read as: agentrl (YAML), terminal-bench, harbor, "
+        "swe-bench, swe-gym, swe-smith, r2e-gym",
     )

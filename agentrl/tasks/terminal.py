@@ -2,22 +2,31 @@
 
 Terminal-Bench (laude-institute/terminal-bench): `task.yaml` (`instruction`,
 `max_agent_timeout_sec`, `max_test_timeout_sec`), a `Dockerfile` at the folder root,
-`run-tests.sh`, `tests/`, `solution.sh`. After the agent, its harness copies
-`run-tests.sh` and `tests/` into `/tests`, runs `bash /tests/run-tests.sh` with
-`TEST_DIR=/tests` and parses pytest's `-rA` summary from the output: resolved when
-every parsed test passed (skipped and xfail count as passed).
+`run-tests.sh`, `tests/`, `solution.sh`. The image is the one its harness would use if
+present (`tb__<task>__client`), else the Dockerfile built with the network
+(`AGENTRL_BUILD_NETWORK`, default host); the container has `TEST_DIR=/tests` as the
+task's docker-compose.yaml sets. After the agent, its harness copies `run-tests.sh` and
+`tests/` into `/tests`, runs `bash /tests/run-tests.sh` and parses pytest's `-rA` summary
+with its PytestParser: the test name is what follows the first `::`, a FAILED line loses
+its ` - message`, and the task is resolved when every parsed test passed (skipped and
+xfail count as passed). agentrl does the same; a run whose output has no summary, or
+none with a test in it, did not run (`TestsDidNotRun`).
 
 Harbor: `task.toml` (`[agent]`/`[verifier]` `timeout_sec`, `[environment]` `cpus`,
 `memory_mb`, `docker_image`), `instruction.md`, `environment/Dockerfile`,
 `tests/test.sh`, `solution/solve.sh`. Its verifier uploads `tests/` to `/tests`, runs
 `/tests/test.sh` and reads the reward from `/logs/verifier/reward.txt` (or
-`reward.json`).
+`reward.json`). A missing reward file, or a pytest-based test.sh whose output has no
+pytest summary, did not run.
 
+Without internet, the standard uv/pytest bootstrap of these tests runs on agentrl's
+offline test runtime (`agentrl.tasks.offline`), recorded in the grade's evidence.
 Either way the result is a `Task` with one instance; tests reach the sandbox at EVAL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 import tomllib
@@ -27,13 +36,21 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from agentrl.errors import ConfigError, GraderError
+from agentrl.errors import ConfigError, GraderError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox
-from agentrl.sandbox.images import folder_hash
-from agentrl.tasks.env import put_path
-from agentrl.tasks.graders import parse_pytest_log
+from agentrl.sandbox.images import docker_client, folder_hash
+from agentrl.tasks import offline
+from agentrl.tasks.env import TaskEnv, put_path
+from agentrl.tasks.graders import (
+    Evidence,
+    Grade,
+    TestsDidNotRun,
+    parse_reward,
+    ran,
+    tail,
+    test_counts,
+)
 from agentrl.tasks.spec import (
-    CommandGrader,
     EpisodeLimits,
     Instance,
     PromptConfig,
@@ -52,6 +69,10 @@ HARBOR_SOLUTION_DIR = "/solution"
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_TEST_TIMEOUT_S = 120.0
 TB_PASSING = ("PASSED", "XFAIL", "SKIPPED")
+TB_STATUSES = ("PASSED", "FAILED", "SKIPPED", "XFAIL", "XPASS", "ERROR")
+RUNTIME = f"if [ -f {offline.ENV_FILE} ]; then . {offline.ENV_FILE}; fi; "
+"""Prefix of every test command: the offline test runtime, where EVAL installed it."""
+_SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
 SYSTEM_PROMPT = (
     "You are an expert at solving tasks in a Linux terminal. You work inside a sandboxed "
     "container without network access. Use the tools to inspect the environment, make the "
@@ -102,8 +123,61 @@ def load_terminal_task(folder: Path | str) -> Task:
         raise ConfigError(f"{root}: {where}: {first['msg']}") from None
     instance = Instance(id=root.name, fields=fields)
     return Task(
-        spec=spec, path=str(root), base_dir=str(root), instances=[instance], hash=folder_hash(root)
+        spec=spec,
+        path=str(root),
+        base_dir=str(root),
+        instances=[instance],
+        hash=folder_hash(root),
+        env=f"{__name__}:TerminalEnv",
+        format=kind,
     )
+
+
+class TerminalEnv(TaskEnv):
+    """A Terminal-Bench or Harbor folder's runtime: the harness's own image if present, the
+    offline test runtime at EVAL, the reference solution run as the harness runs it."""
+
+    async def _resolve_image(self) -> str:
+        prebuilt = harness_image(Path(self.task.path))
+        if self.task.spec.sandbox.recipe and prebuilt and self.provider.name == "docker":
+            if await asyncio.to_thread(_present, prebuilt):
+                return prebuilt
+        return await super()._resolve_image()
+
+    async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        needs = offline.read_scripts(test_scripts(Path(self.task.path)))
+        brought = await offline.install(sandbox, needs) if needs.uses_bootstrap else []
+        graded = await super().grade(sandbox, instance)
+        graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
+        return graded
+
+    async def run_oracle(self, sandbox: Sandbox, instance: Instance) -> str:
+        done = await run_oracle(self.task, sandbox)
+        if done.exit_code != 0:
+            how = "timed out" if done.timed_out else f"exited {done.exit_code}"
+            raise SandboxError(f"the reference solution {how}: {tail(done.output)}")
+        return done.output
+
+
+def harness_image(folder: Path) -> str | None:
+    """The image name Terminal-Bench's harness builds a task folder's Dockerfile as."""
+    if detect_format(folder) != "terminal-bench":
+        return None
+    return f"tb__{folder.name}".replace(".", "-") + "__client"
+
+
+def test_scripts(folder: Path) -> list[str]:
+    """The shell scripts a task's tests run: run-tests.sh and every .sh under tests/."""
+    paths = [folder / "run-tests.sh", *sorted((folder / "tests").rglob("*.sh"))]
+    return [p.read_text(errors="replace") for p in paths if p.is_file()]
+
+
+def _present(image: str) -> bool:
+    client = docker_client()
+    try:
+        return bool(client.images.list(name=image))
+    finally:
+        client.close()
 
 
 def oracle_script(folder: Path | str) -> Path:
@@ -130,23 +204,79 @@ async def run_oracle(task: Task, sandbox: Sandbox, timeout: float = 600.0) -> Ex
     return await sandbox.exec(ExecRequest(command=command, timeout=timeout))
 
 
-async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> dict[str, Any]:
+async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> Grade:
     """Terminal-Bench's grading: run /tests/run-tests.sh, parse pytest's summary from it."""
     timeout = float(instance.fields.get("test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
-    request = ExecRequest(
-        command=["bash", f"{TESTS_DIR}/run-tests.sh"], timeout=timeout, env={"TEST_DIR": TESTS_DIR}
-    )
+    command = f"bash {TESTS_DIR}/run-tests.sh"
+    request = ExecRequest(command=RUNTIME + command, timeout=timeout, env={"TEST_DIR": TESTS_DIR})
     result = await sandbox.exec(request)
-    if result.timed_out:
-        raise GraderError(f"run-tests.sh timed out after {timeout:g} s")
-    tests = parse_pytest_log(result.output)
-    resolved = bool(tests) and all(status in TB_PASSING for status in tests.values())
-    return {
-        "reward": 1.0 if resolved else 0.0,
-        "tests": tests,
-        "exit_code": result.exit_code,
-        "output": result.output,
-    }
+    evidence = ran(result, "run-tests.sh", "terminal-bench", command)
+    tests = parse_tb_pytest(result.output)
+    evidence.tests = tests
+    if not tests:
+        found = "no pytest summary" if not _SUMMARY.search(result.output) else "no test in it"
+        raise TestsDidNotRun(
+            f"run-tests.sh (exit {result.exit_code}): {found}: {tail(result.output)}", evidence
+        )
+    resolved = all(status in TB_PASSING for status in tests.values())
+    components = {"resolved": resolved, "exit_code": result.exit_code}
+    components |= test_counts(tests, TB_PASSING)
+    return Grade(
+        reward=1.0 if resolved else 0.0, components=components, evidence=evidence, seconds=0.0
+    )
+
+
+def parse_tb_pytest(output: str) -> dict[str, str]:
+    """Test name -> status as Terminal-Bench's PytestParser reads a `pytest -rA` run: what
+    follows the first `short test summary info` line, a name after its first `::`, a
+    FAILED line's ` - message` cut off."""
+    parts = _SUMMARY.split(output, maxsplit=1)
+    if len(parts) < 2:
+        return {}
+    tests: dict[str, str] = {}
+    for line in parts[1].splitlines():
+        if line.startswith("FAILED") and " - " in line:
+            line = " - ".join(line.split(" - ")[:-1])
+        words = line.split(maxsplit=1)
+        if len(words) < 2 or words[0].strip(":") not in TB_STATUSES:
+            continue
+        name = words[1].strip().split("::", maxsplit=1)[-1]
+        if name:
+            tests[name] = words[0].strip(":")
+    return tests
+
+
+async def grade_harbor(sandbox: Sandbox, instance: Instance) -> Grade:
+    """Harbor's verifier: run /tests/test.sh, read /logs/verifier/reward.txt (or .json)."""
+    exports = "".join(
+        f"export {k}={shlex.quote(str(v))}; " for k, v in instance.fields["verifier_env"].items()
+    )
+    timeout = float(instance.fields.get("test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
+    result = await sandbox.exec(
+        ExecRequest(command=RUNTIME + exports + HARBOR_VERIFY, timeout=timeout)
+    )
+    evidence = ran(result, "tests/test.sh", "harbor", f"{TESTS_DIR}/test.sh")
+    tests = parse_tb_pytest(result.output)
+    evidence.tests = tests
+    try:
+        data = await sandbox.read_file(f"{REWARD_DIR}/reward.txt")
+    except SandboxFileNotFound:
+        raise TestsDidNotRun(
+            f"tests/test.sh exited {result.exit_code} and wrote no {REWARD_DIR}/reward.txt: "
+            f"{tail(result.output)}",
+            evidence,
+        ) from None
+    reward, extra = parse_reward(data.decode(errors="replace"), f"{REWARD_DIR}/reward.txt")
+    if instance.fields.get("pytest") and not tests:  # reward 0 because pytest never ran
+        raise TestsDidNotRun(
+            f"tests/test.sh wrote reward {reward:g} but pytest reported no test: "
+            f"{tail(result.output)}",
+            evidence,
+        )
+    components = {"exit_code": result.exit_code, **extra}
+    if tests:
+        components |= test_counts(tests, TB_PASSING)
+    return Grade(reward=reward, components=components, evidence=evidence, seconds=0.0)
 
 
 def _terminal_bench(
@@ -175,12 +305,12 @@ def _terminal_bench(
         timeout=test_timeout + 60,
     )
     workdir = _workdir(root / "Dockerfile") or SandboxConfig().workdir
-    sandbox = SandboxConfig(recipe=".", workdir=workdir)
+    sandbox = SandboxConfig(recipe=".", workdir=workdir, env={"TEST_DIR": TESTS_DIR})
     fields = {"instruction": instruction.strip(), "test_timeout_sec": test_timeout}
     return fields, sandbox, grader, agent_timeout
 
 
-def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, CommandGrader, float]:
+def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, float]:
     try:
         data = tomllib.loads((root / "task.toml").read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -204,18 +334,21 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, CommandGrader, f
         memory_mb=_memory_mb(environment),
     )
     verifier = _table(data, "verifier")
-    exports = "".join(
-        f"export {k}={shlex.quote(str(v))}; " for k, v in _table(verifier, "env").items()
-    )
-    grader = CommandGrader(
-        type="command",
-        command=exports + HARBOR_VERIFY,
-        reward_file=f"{REWARD_DIR}/reward.txt",
+    test_timeout = float(verifier.get("timeout_sec", DEFAULT_TEST_TIMEOUT_S))
+    grader = PythonGrader(
+        type="python",
+        function=f"{__name__}:grade_harbor",
         files={TESTS_DIR: "tests"},
-        timeout=float(verifier.get("timeout_sec", DEFAULT_TEST_TIMEOUT_S)),
+        timeout=test_timeout + 60,
     )
     agent_timeout = float(_table(data, "agent").get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
-    return {"instruction": instruction_file.read_text().strip()}, sandbox, grader, agent_timeout
+    fields = {
+        "instruction": instruction_file.read_text().strip(),
+        "test_timeout_sec": test_timeout,
+        "verifier_env": {str(k): str(v) for k, v in _table(verifier, "env").items()},
+        "pytest": "pytest" in (root / "tests" / "test.sh").read_text(errors="replace"),
+    }
+    return fields, sandbox, grader, agent_timeout
 
 
 def _yaml(path: Path) -> dict[str, Any]:

@@ -1,0 +1,300 @@
+"""The offline test runtime: what a Terminal-Bench or Harbor test bootstrap downloads,
+brought into the sandbox by agentrl at EVAL, so tests grade on a machine without internet.
+
+The standard bootstrap (Terminal-Bench's run-tests.sh and setup-uv-pytest.sh, Harbor's
+tests/test.sh) runs `apt-get install curl`, pipes `https://astral.sh/uv/<version>/install.sh`
+into sh, sources `$HOME/.local/bin/env`, then `uv init; uv add pytest==8.4.1 ...; uv run
+pytest ...` or `uvx -p 3.13 -w pytest==8.4.1 ... pytest ...`. Offline, each step fails.
+
+Before the tests run, agentrl puts into `/opt/agentrl-eval`:
+- `bin/uv`, `bin/uvx`: the uv the installer URL names, from its PyPI wheel;
+- `wheels/`: every requirement the test scripts name (`uv add`, `uv pip install`,
+  `uvx -w/--with`, `pip install`), with their dependencies, for the sandbox's Python,
+  downloaded on this machine with pip from its package index (PyPI or a mirror);
+- shims first on PATH: `curl` serves the uv installer URL with a script that links uv into
+  `$HOME/.local/bin` and writes its `env` file, and passes every other call to the real
+  curl; `apt-get update` succeeds without doing anything; `apt-get install` succeeds for
+  packages already installed (and curl, which the shim provides) and fails, saying why,
+  for any other;
+- `env.sh`: `UV_OFFLINE`, `UV_NO_INDEX`, `UV_FIND_LINKS`, `UV_PYTHON_DOWNLOADS=never`,
+  `PIP_NO_INDEX`, `PIP_FIND_LINKS`, the PATH with the shims; the grader sources it.
+
+Every substitution is written to `substitutions` and lands in the grade's evidence. The
+agent never sees any of it: it is copied in after the agent's processes are stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.errors import GraderError
+from agentrl.inference.embedded import cache_root
+from agentrl.sandbox.base import ExecRequest, Sandbox
+from agentrl.tasks.graders import tail
+
+ROOT = "/opt/agentrl-eval"
+ENV_FILE = f"{ROOT}/env.sh"
+LOG = f"{ROOT}/substitutions"
+DEFAULT_UV = "0.9.5"
+"""The uv brought when a script installs uv without naming a version."""
+DOWNLOAD_TIMEOUT_S = 600.0
+_UV_URL = re.compile(r"https://astral\.sh/uv/(?:(\d+\.\d+\.\d+)/)?install\.sh")
+_INSTALLS = re.compile(
+    r"(?:\buv\s+add|\buv\s+pip\s+install|\bpip3?\s+install|\bpython3?\s+-m\s+pip\s+install)"
+    r"\s+([^;&|#\n]*)"
+)
+_WITH = re.compile(r"(?:\s-w|\s--with)[\s=]+(\"[^\"]+\"|'[^']+'|\S+)")
+_UVX = re.compile(r"\buvx\b([^;&|#\n]*)")
+_OPTIONS_WITH_VALUE = {"-p", "--python", "--index", "--index-url", "--extra-index-url", "-r"}
+_OPTIONS_WITH_VALUE |= {"--requirement", "-c", "--constraint", "--group", "--optional"}
+
+
+class Runtime(BaseModel):
+    """What the test scripts need, as read from them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uv: str
+    requirements: list[str]
+    uses_bootstrap: bool
+    """Whether the scripts install uv or packages at all (else nothing is brought)."""
+
+
+def read_scripts(texts: Iterable[str]) -> Runtime:
+    """The uv version and the requirements that test scripts install."""
+    joined = "\n".join(t.replace("\\\n", " ") for t in texts)
+    versions = [m.group(1) for m in _UV_URL.finditer(joined) if m.group(1)]
+    requirements: list[str] = []
+    for match in _INSTALLS.finditer(joined):
+        requirements += _requirements(shlex.split(match.group(1), comments=True))
+    for match in _UVX.finditer(joined):
+        args = match.group(1)
+        requirements += [_unquote(w) for w in _WITH.findall(" " + args)]
+        requirements += [t for t in _uvx_tool(args) if _name(t) not in map(_name, requirements)]
+    uses = bool(_UV_URL.search(joined) or requirements or re.search(r"\buvx?\b", joined))
+    if not any(_name(r) == "pytest" for r in requirements):
+        requirements.append("pytest")
+    return Runtime(
+        uv=versions[0] if versions else DEFAULT_UV,
+        requirements=list(dict.fromkeys(requirements)),
+        uses_bootstrap=uses,
+    )
+
+
+async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
+    """Put the runtime into the sandbox; the substitutions it makes, for the evidence."""
+    python = await _sandbox_python(sandbox)
+    uv_dir = uv_binaries(needs.uv)
+    wheels = wheelhouse(needs.requirements, python) if python else None
+    files: dict[str, tuple[bytes, int]] = {
+        f"{ROOT}/bin/uv": ((uv_dir / "uv").read_bytes(), 0o755),
+        f"{ROOT}/bin/uvx": ((uv_dir / "uvx").read_bytes(), 0o755),
+        f"{ROOT}/bin/curl": (CURL.encode(), 0o755),
+        f"{ROOT}/bin/apt-get": (APT_GET.encode(), 0o755),
+        f"{ROOT}/uv-install.sh": (UV_INSTALL.encode(), 0o644),
+        ENV_FILE: (ENV.encode(), 0o644),
+        LOG: (b"", 0o666),
+    }
+    if wheels is not None:
+        files |= {f"{ROOT}/wheels/{p.name}": (p.read_bytes(), 0o644) for p in wheels.iterdir()}
+    made = await sandbox.exec(ExecRequest(command=["mkdir", "-p", f"{ROOT}/wheels"], timeout=30))
+    if made.exit_code != 0:
+        raise GraderError(f"cannot make {ROOT} in the sandbox: {tail(made.output)}")
+    for path, (data, mode) in files.items():
+        await sandbox.write_file(path, data, mode=mode)
+    brought = f"{len(needs.requirements)} requirements ({', '.join(needs.requirements)})"
+    if python:
+        brought += f" with their dependencies as wheels for Python {python}"
+    else:
+        brought += ": none, the sandbox has no python3"
+    return [f"offline test runtime: uv {needs.uv} from PyPI; {brought}; see {LOG}"]
+
+
+async def substitutions(sandbox: Sandbox) -> list[str]:
+    """What the shims did during the test run, one line each."""
+    try:
+        data = await sandbox.read_file(LOG)
+    except Exception:  # the runtime is not installed, or the sandbox is gone
+        return []
+    return [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+
+
+def uv_binaries(version: str) -> Path:
+    """A folder with `uv` and `uvx` of `version`, from the PyPI wheel (cached)."""
+    folder = cache_root() / "eval-runtime" / f"uv-{version}-{platform.machine()}"
+    if (folder / "uvx").is_file():
+        return folder
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip_download([f"uv=={version}", "--no-deps", *_binary_flags(None)], Path(tmp))
+        wheel = next(Path(tmp).glob("uv-*.whl"))
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as archive:
+            for name in ("uv", "uvx"):
+                member = next(n for n in archive.namelist() if n.endswith(f".data/scripts/{name}"))
+                target = folder / f".{name}.tmp"
+                target.write_bytes(archive.read(member))
+                target.chmod(0o755)
+                target.replace(folder / name)
+    return folder
+
+
+def wheelhouse(requirements: list[str], python: str) -> Path:
+    """A folder of wheels for `requirements` and their dependencies, for CPython `python`
+    (X.Y) on this machine's architecture; downloaded once per (requirements, python)."""
+    key = hashlib.sha256(f"{sorted(requirements)}|{python}".encode()).hexdigest()[:16]
+    folder = cache_root() / "eval-runtime" / "wheels" / f"py{python}-{key}"
+    if (folder / ".complete").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    _pip_download([*requirements, *_binary_flags(python)], folder)
+    (folder / ".complete").write_text("\n".join(requirements) + "\n")
+    return folder
+
+
+def _binary_flags(python: str | None) -> list[str]:
+    arch = platform.machine()
+    tags = ["manylinux_2_28", "manylinux_2_17", "manylinux2014", "linux"]
+    flags = ["--only-binary=:all:", *(f"--platform={t}_{arch}" for t in tags)]
+    if python:
+        flags += [f"--python-version={python}", "--implementation=cp"]
+    return flags
+
+
+def _pip_download(args: list[str], dest: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet"]
+    cmd += ["--dest", str(dest), *args]
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, env=os.environ.copy()
+        )
+    except subprocess.TimeoutExpired:
+        raise GraderError(f"preparing the offline test runtime: {' '.join(args)} timed out") from None
+    if done.returncode != 0:
+        last = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise GraderError(
+            f"preparing the offline test runtime: pip download {' '.join(args)} failed: "
+            f"{last[-400:]}",
+            fix="check that this machine's package index (PyPI or its mirror) answers and "
+            "has wheels for what the tests install",
+        )
+
+
+async def _sandbox_python(sandbox: Sandbox) -> str | None:
+    """X.Y of the sandbox's python3 (as the seal left it), or None if it has none."""
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    for exe in ("python3", "python"):
+        done = await sandbox.exec(ExecRequest(command=[exe, "-c", probe], timeout=30))
+        if done.exit_code == 0 and re.fullmatch(r"\d+\.\d+\s*", done.output):
+            return done.output.strip()
+    return None
+
+
+def _requirements(words: list[str]) -> list[str]:
+    found, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _OPTIONS_WITH_VALUE:
+            skip = True
+        elif word.startswith("-") or "/" in word or word.startswith("."):
+            continue
+        else:
+            found.append(word)
+    return found
+
+
+def _uvx_tool(args: str) -> list[str]:
+    """The tool uvx runs (its first word that is no option or option value), as a list."""
+    skip = False
+    for word in shlex.split(args, comments=True):
+        if skip:
+            skip = False
+        elif word in ("-w", "--with", "--from", *_OPTIONS_WITH_VALUE):
+            skip = True
+        elif not word.startswith("-"):
+            return [word]
+    return []
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].strip().lower()
+
+
+def _unquote(word: str) -> str:
+    return word.strip("\"'")
+
+
+CURL = f"""#!/bin/sh
+# agentrl offline runtime: serves the uv installer; passes everything else to the real curl
+for arg in "$@"; do
+  case "$arg" in
+    https://astral.sh/uv/*install.sh)
+      echo "curl $arg: served agentrl's installer of its offline uv" >> {LOG}
+      cat {ROOT}/uv-install.sh
+      exit 0;;
+  esac
+done
+PATH=$(printf %s "$PATH" | sed "s#{ROOT}/bin:##g")
+if real=$(command -v curl); then exec "$real" "$@"; fi
+echo "curl: not installed in this sandbox, and agentrl's offline runtime serves only the uv installer" >&2
+exit 127
+"""
+
+UV_INSTALL = f"""# agentrl offline runtime: uv is already here; link it where uv's installer puts it
+mkdir -p "$HOME/.local/bin"
+ln -sf {ROOT}/bin/uv "$HOME/.local/bin/uv"
+ln -sf {ROOT}/bin/uvx "$HOME/.local/bin/uvx"
+cat > "$HOME/.local/bin/env" <<'AGENTRL_EOF'
+case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) export PATH="$HOME/.local/bin:$PATH" ;; esac
+AGENTRL_EOF
+echo "installing to $HOME/.local/bin (agentrl offline runtime)"
+"""
+
+APT_GET = f"""#!/bin/sh
+# agentrl offline runtime: apt-get without a network
+case "$1" in
+  update)
+    echo "apt-get update: skipped (no network)" >> {LOG}
+    exit 0;;
+  install)
+    shift
+    missing=""
+    for pkg in "$@"; do
+      case "$pkg" in -*) continue;; esac
+      if [ "$pkg" = curl ]; then
+        echo "apt-get install curl: skipped (agentrl's offline runtime provides curl for uv)" >> {LOG}
+      elif dpkg -s "$pkg" >/dev/null 2>&1; then
+        echo "apt-get install $pkg: already installed" >> {LOG}
+      else
+        missing="$missing $pkg"
+      fi
+    done
+    if [ -n "$missing" ]; then
+      echo "apt-get install$missing: not possible offline" >> {LOG}
+      echo "E: agentrl offline runtime: cannot install$missing without a network" >&2
+      exit 100
+    fi
+    exit 0;;
+esac
+PATH=$(printf %s "$PATH" | sed "s#{ROOT}/bin:##g")
+exec apt-get "$@"
+"""
+
+ENV = f"""# agentrl offline runtime: sourced before the tests run
+export PATH="{ROOT}/bin:$PATH"
+export UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS={ROOT}/wheels UV_PYTHON_DOWNLOADS=never
+export UV_CACHE_DIR={ROOT}/cache UV_LINK_MODE=copy UV_NO_PROGRESS=1
+export PIP_NO_INDEX=1 PIP_FIND_LINKS={ROOT}/wheels PIP_DISABLE_PIP_VERSION_CHECK=1
+"""

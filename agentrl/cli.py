@@ -287,10 +287,18 @@ def _cmd_failures(args: argparse.Namespace) -> int:
     for col in ("#", "stop reason", "outcome", "episodes", "for example"):
         table.add_column(col)
     for n, g in enumerate(groups, 1):
-        first = g.trajectories[0].trajectory_id
-        table.add_row(str(n), g.stop_reason, g.outcome, str(len(g.trajectories)), first)
+        example = g.trajectories[0].trajectory_id
+        table.add_row(str(n), g.stop_reason, g.outcome, str(len(g.trajectories)), example)
     console.print(table)
     for n, g in enumerate(groups, 1):
+        first = g.trajectories[0]
+        console.print(
+            f"#{n} {g.stop_reason}, {g.outcome}: for example {first.trajectory_id}", markup=False
+        )
+        if first.fix:
+            console.print(f"    fix: {first.fix}", markup=False)
+        if g.grades[0] is not None:
+            _print_evidence(g.grades[0])
         shown = g.trajectories if args.all else g.trajectories[:1]
         for t in shown:  # whole lines, never wrapped: they are for copying
             console.print(f"#{n}  agentrl replay {args.run_dir} {t.trajectory_id}", markup=False)
@@ -304,6 +312,36 @@ def _cmd_failures(args: argparse.Namespace) -> int:
         size = sum(asyncio.run(_sizes(sandboxes, kept)))
         console.print(f"snapshots of these episodes: {len(kept)}, {_bytes(size)} on disk")
     return 0
+
+
+def _print_evidence(path: Path, lines: int = 8) -> None:
+    """What the grader saw, in brief: the command, exit code, failed tests, the output's end."""
+    from agentrl.tasks.graders import Evidence
+
+    try:
+        evidence = Evidence.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        console.print(f"    grade {path}: unreadable ({type(e).__name__})", markup=False)
+        return
+    say = lambda text: console.print(f"    {text}", markup=False, highlight=False)  # noqa: E731
+    say(f"grader {evidence.grader}: {evidence.command[:160]} -> exit {evidence.exit_code}")
+    failed = [t for t, s in evidence.tests.items() if s not in ("PASSED", "XFAIL", "SKIPPED")]
+    if evidence.tests:
+        say(f"tests: {len(evidence.tests) - len(failed)} passed, {len(failed)} not: {failed[:5]}")
+    for label, items in (
+        ("reference", [evidence.reference] if evidence.reference else []),
+        ("tampered (restored)", evidence.tampered),
+        ("substitutions", evidence.substitutions),
+        ("stopped", evidence.sealed.stopped if evidence.sealed else []),
+        ("restored", evidence.sealed.restored if evidence.sealed else []),
+        ("notes", evidence.notes),
+    ):
+        if items:
+            say(f"{label}: {'; '.join(items)[:300]}")
+    tail_lines = [ln for ln in evidence.output.splitlines() if ln.strip()][-lines:]
+    for line in tail_lines:
+        say(f"| {line[:200]}")
+    say(f"evidence: {path}")
 
 
 def _bytes(n: float) -> str:
@@ -535,7 +573,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 err_console.print(str(e), markup=False)
                 bad += 1
             else:
-                what = f"{len(rows.instances)} instances, read as {rows.format} rows"
+                what = f"{len(rows.instances)} instances, {rows.format} rows"
                 console.print(f"{path}: ok ({what})", markup=False)
         elif path.suffix == ".jsonl":
             try:
@@ -562,7 +600,7 @@ def _described(path: Path) -> str:
     from agentrl.tasks.load import load_task
 
     task = load_task(path)
-    return f"{len(task.instances)} instances, read as a {task.format} task"
+    return f"{len(task.instances)} instances, {task.format} task"
 
 
 def _check_config(path: Path, load: Callable[[Path], str]) -> bool:

@@ -282,12 +282,16 @@ class FailureGroup(_Frozen):
     stop_reason: str
     outcome: str
     trajectories: list[Trajectory]
+    grades: list[Path | None]
+    """Each trajectory's grade evidence file (None: it has none), in the same order."""
 
 
 def failures(run_dir: Path) -> list[FailureGroup]:
     """The run's episodes without full reward, grouped by stop reason and grader outcome,
     largest group first."""
-    groups: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run folder", fix="pass a folder `agentrl run` wrote")
+    groups: dict[tuple[str, str], list[tuple[Trajectory, Path | None]]] = defaultdict(list)
     for path in run_files(run_dir):
         for traj in TrajectoryStore(path):
             if traj.reward is not None and traj.reward >= 1.0:
@@ -298,9 +302,18 @@ def failures(run_dir: Path) -> list[FailureGroup]:
                 outcome = "not graded"
             else:
                 outcome = f"reward {traj.reward:g}"
-            groups[(traj.stop_reason.value, outcome)].append(traj)
+            grade = path.parent / traj.grade_file if traj.grade_file else None
+            groups[(traj.stop_reason.value, outcome)].append((traj, grade))
     return sorted(
-        (FailureGroup(stop_reason=s, outcome=o, trajectories=t) for (s, o), t in groups.items()),
+        (
+            FailureGroup(
+                stop_reason=s,
+                outcome=o,
+                trajectories=[t for t, _ in pairs],
+                grades=[g for _, g in pairs],
+            )
+            for (s, o), pairs in groups.items()
+        ),
         key=lambda g: (-len(g.trajectories), g.stop_reason, g.outcome),
     )
 

@@ -135,8 +135,11 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float]:
 
 def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, Any]:
     rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
+    infra = [t for t in trajs if not t.trainable]
     mean, half = mean_interval(rewards)
+    first = {"infra_error": infra[0].error, "infra_fix": infra[0].fix} if infra else {}
     return {
+        **first,
         "episodes": len(trajs),
         "reward_mean": mean,
         "reward_ci95": half,
@@ -691,6 +694,15 @@ class Trainer:
             os.fsync(f.fileno())
         self._lines += 1
         log.info("%s", json.dumps({k: v for k, v in row.items() if k != "prompts"}))
+        if row.get("infra_failures"):  # apart from the rewards: never trained on
+            log.warning(
+                "%s %s: %d infrastructure failures (not graded, not trained on); first: %s%s",
+                row["kind"],
+                row["step"],
+                row["infra_failures"],
+                row.get("infra_error"),
+                f"; fix: {row['infra_fix']}" if row.get("infra_fix") else "",
+            )
         if self._board is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "step":

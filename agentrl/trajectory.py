@@ -127,7 +127,8 @@ class Trajectory(_Strict):
     _grade: BaseModel | None = PrivateAttr(default=None)
 
     def with_grade(self, evidence: BaseModel | None) -> Trajectory:
-        """This trajectory, carrying the grader's evidence for the store to write beside it."""
+        """This trajectory, carrying the grader's evidence until a store writes it beside
+        the trajectory file (and links it in `grade_file`)."""
         self._grade = evidence
         return self
 
@@ -290,6 +291,7 @@ class TrajectoryStore:
             tmp.write_text(trajectory._grade.model_dump_json(indent=1), encoding="utf-8")
             tmp.replace(self.grades_dir / name)
             trajectory.grade_file = f"{self.grades_dir.name}/{name}"
+            trajectory._grade = None  # written: the record now links it, as a reader sees it
         line = trajectory.check().to_json().encode() + b"\n"
         with self._lock:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)

@@ -93,4 +93,4 @@ def test_run_limit_overrides_are_validated_like_the_file() -> None:
 def test_validate_tells_swe_bench_rows_from_trajectories() -> None:
     res = _run("validate", "tasks/swe_bench/instances.jsonl")
     assert res.returncode == 0, res.stderr
-    assert "tasks/swe_bench/instances.jsonl: ok (3 SWE-bench instances)" in res.stdout
+    assert "tasks/swe_bench/instances.jsonl: ok (3 instances, swe-bench rows)" in res.stdout

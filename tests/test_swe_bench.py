@@ -103,9 +103,9 @@ def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
 
 
 MALFORMED = [
-    ("test_patch missing", _drop("test_patch"), ":2: instance {id}: test_patch: missing"),
-    ("test_patch empty", _set("test_patch", " \n"), ":2: instance {id}: test_patch: empty"),
-    ("repo not text", _set("repo", 5), ":2: instance {id}: repo: expected a string, got int"),
+    ("test_patch missing", _drop("test_patch"), ":2: swe-bench instance {id}: test_patch: missing"),
+    ("test_patch empty", _set("test_patch", " \n"), ":2: swe-bench instance {id}: test_patch: empty"),
+    ("repo not text", _set("repo", 5), ":2: swe-bench instance {id}: repo: expected a string, got int"),
     (
         "FAIL_TO_PASS not JSON",
         _set("FAIL_TO_PASS", "tests/a.py::b"),
@@ -119,17 +119,17 @@ MALFORMED = [
     (
         "no tests at all",
         lambda row: row.update(FAIL_TO_PASS="[]", PASS_TO_PASS=[]),
-        ":2: instance {id}: FAIL_TO_PASS: lists no tests",
+        ":2: swe-bench instance {id}: FAIL_TO_PASS: lists no tests",
     ),
     (
         "sdist without version",
         _set("source", {"sdist": "cachetools"}),
-        ":2: instance {id}: source.sdist: 'cachetools' is not NAME==VERSION",
+        ":2: swe-bench instance {id}: source.sdist: 'cachetools' is not NAME==VERSION",
     ),
     (
         "unknown source key",
         _set("source", {"sdist": "a==1", "instal": []}),
-        ":2: instance {id}: source.instal: Extra inputs are not permitted",
+        ":2: swe-bench instance {id}: source.instal: Extra inputs are not permitted",
     ),
     ("no instance_id", _drop("instance_id"), ":2: instance_id: missing"),
 ]
@@ -251,7 +251,7 @@ def test_gold_patch_earns_one_and_doing_nothing_zero(
 
     async def both() -> tuple[Grade, Grade]:
         env = SweBenchEnv(SHIPPED, DockerProvider(reap_at_start=False), run_id)
-        assert await env.instance_image(instance) == images[instance.id].tag
+        assert (await env.instance_image(instance)).startswith("agentrl/swe-start-")
         return await asyncio.gather(episode(env, True), episode(env, False))
 
     started = time.monotonic()
@@ -259,13 +259,15 @@ def test_gold_patch_earns_one_and_doing_nothing_zero(
     print(f"{instance.id}: gold + no-op in {time.monotonic() - started:.1f} s")
     fail_to_pass = listed_tests("FAIL_TO_PASS", instance)
     pass_to_pass = listed_tests("PASS_TO_PASS", instance)
-    assert gold.reward == 1.0 and gold.components["resolved"] is True, gold.output
-    assert set(gold.components["tests"].values()) == {"PASSED"}
-    assert noop.reward == 0.0 and noop.components["resolved"] is False, noop.output
-    assert noop.components["test_patch"] == "git apply"
+    assert gold.reward == 1.0 and gold.components["resolved"] is True, gold.evidence.output
+    assert set(gold.evidence.tests.values()) == {"PASSED"}
+    assert gold.evidence.notes[0] == "agent's patch: git apply --verbose"
+    assert noop.reward == 0.0 and noop.components["resolved"] is False, noop.evidence.output
+    assert noop.evidence.notes[0] == "agent's patch: empty"
     # doing nothing fails exactly the FAIL_TO_PASS tests; it does not just fail to run them
-    assert {noop.components["tests"][t] for t in fail_to_pass} == {"FAILED"}
-    assert {noop.components["tests"][t] for t in pass_to_pass} <= {"PASSED"}
+    assert {noop.evidence.tests[t] for t in fail_to_pass} == {"FAILED"}
+    assert {noop.evidence.tests[t] for t in pass_to_pass} <= {"PASSED"}
+    assert noop.components["fail_to_pass"] == f"0/{len(fail_to_pass)}"
 
 
 async def _assert_base_state(sandbox: Sandbox, instance: Instance) -> None:
@@ -314,7 +316,8 @@ def test_test_files_the_agent_edited_are_restored_before_test_patch(
             await sandbox.close()
 
     grade = asyncio.run(play())
-    assert grade.reward == 1.0 and grade.components["test_patch"] == "git apply", grade.output
+    assert grade.reward == 1.0, grade.evidence.output
+    assert grade.evidence.tampered == [edited] and grade.components["tampered_tests"] == 1
 
 
 @pytest.mark.docker
@@ -322,6 +325,9 @@ def test_a_row_with_no_image_and_no_source_says_what_to_do(tmp_path: Path) -> No
     row = {**_rows()[0], "instance_id": "nobody__nothing-1"}
     row.pop("source")
     task = load_swe_bench(_write_jsonl(tmp_path / "rows.jsonl", [row]))
-    with pytest.raises(ImageBuildError, match="nobody__nothing-1: image swebench/sweb.eval") as e:
+    with pytest.raises(ImageBuildError, match="nobody__nothing-1: no image under any") as e:
         find_or_build_image(task.instances[0], tmp_path)
+    names = "swebench/sweb.eval.x86_64.nobody_1776_nothing-1:latest, "
+    names += "sweb.eval.x86_64.nobody__nothing-1:latest"
+    assert names in str(e.value)
     assert "docker pull swebench/sweb.eval.x86_64.nobody_1776_nothing-1:latest" in e.value.fix

@@ -139,7 +139,7 @@ def test_bad_task_reports_line_field_and_message(name: str):
 def test_cli_good_task_is_ok():
     res = _run(GOOD)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == f"{GOOD}: ok (2 instances)"
+    assert res.stdout.strip() == f"{GOOD}: ok (2 instances, agentrl task)"
     assert res.stderr == ""
 
 
@@ -151,7 +151,7 @@ def test_cli_bad_tasks_one_line_per_problem_and_no_traceback():
     lines = res.stderr.splitlines()
     assert len(lines) == sum(len(v) for v in CASES.values()), res.stderr
     assert all(line.startswith(str(BAD)) for line in lines), res.stderr
-    assert res.stdout.strip() == f"{GOOD}: ok (2 instances)"
+    assert res.stdout.strip() == f"{GOOD}: ok (2 instances, agentrl task)"
 
 
 def test_cli_reports_every_problem_of_one_file():

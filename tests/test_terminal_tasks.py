@@ -23,7 +23,15 @@ from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import Grade, fill, grade, parse_pytest_log, parse_reward
+from agentrl.runner import make_env
+from agentrl.tasks.graders import (
+    Grade,
+    TestsDidNotRun,
+    fill,
+    grade,
+    parse_pytest_log,
+    parse_reward,
+)
 from agentrl.tasks.spec import Instance, Task, TaskSpec
 from agentrl.tasks.terminal import detect_format, load_terminal_task, oracle_script, run_oracle
 
@@ -91,17 +99,19 @@ def test_oracle_earns_one_and_doing_nothing_zero(folder: Path, run_id: str) -> N
             await sandbox.close()
 
     async def both() -> list[Grade]:
-        env = TaskEnv(task, DockerProvider(reap_at_start=False), run_id)
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
         await env.image()  # build (or find) the image once, before two sandboxes race
         return await asyncio.gather(episode(env, True), episode(env, False))
 
     started = time.monotonic()
     oracle, noop = asyncio.run(both())
     print(f"{folder.name}: oracle + no-op in {time.monotonic() - started:.1f} s")
-    assert oracle.reward == 1.0, oracle.output
-    assert noop.reward == 0.0, noop.output
+    assert oracle.reward == 1.0, oracle.evidence.output
+    assert noop.reward == 0.0, noop.evidence.output
     # doing nothing fails the tests; it does not just fail to run them
-    assert re.search(r"\d+ (failed|errors?)", noop.output), noop.output
+    assert re.search(r"\d+ (failed|errors?)", noop.evidence.output), noop.evidence.output
+    assert oracle.evidence.tests and set(oracle.evidence.tests.values()) <= {"PASSED", "SKIPPED"}
+    assert oracle.evidence.sealed is not None  # EVAL sealed the sandbox first
 
 
 async def _assert_nothing_hidden_is_visible(sandbox: Sandbox) -> None:
@@ -218,21 +228,29 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
 
         passing = task(type="pytest", fail_to_pass="F2P", pass_to_pass="P2P")
         result = await grade(passing, instance, sandbox)
-        assert result.reward == 1.0, result.output
-        assert result.components["tests"] == dict.fromkeys(ids_ok, "PASSED")
+        assert result.reward == 1.0, result.evidence.output
+        assert result.evidence.tests == dict.fromkeys(ids_ok, "PASSED")
+        assert result.components == {"exit_code": 0, "tests_passed": 3, "tests_failed": 0}
 
         failing = task(type="pytest", fail_to_pass=ids_bad, pass_to_pass=[])
         result = await grade(failing, instance, sandbox)
         assert result.reward == 0.0
-        assert result.components["tests"] == {
+        assert result.evidence.tests == {
             "t_test.py::test_param[x - y]": "FAILED",
             "t_test.py::test_bad": "FAILED",
         }
-        # a listed test that does not exist: pytest runs nothing, and that is no pass
+        # a listed test that does not exist: pytest runs nothing; no test ran, which is no
+        # grade at all (the environment asks an untouched sandbox whose fault that is)
         gone = task(type="pytest", fail_to_pass=["t_test.py::test_gone"], pass_to_pass=ids_ok)
-        result = await grade(gone, instance, sandbox)
-        assert result.reward == 0.0
-        assert result.components["tests"]["t_test.py::test_gone"] == "MISSING"
+        with pytest.raises(TestsDidNotRun, match="none of the 4 listed tests") as caught:
+            await grade(gone, instance, sandbox)
+        assert caught.value.evidence.tests["t_test.py::test_gone"] == "MISSING"
+        missing = task(type="pytest", command="no-such-runner", fail_to_pass=["t_test.py::x"])
+        with pytest.raises(TestsDidNotRun, match="did not run \\(exit 127\\)"):
+            await grade(missing, instance, sandbox)
+        crashes = task(type="command", command="kill -SEGV $$")
+        with pytest.raises(TestsDidNotRun, match="SIGSEGV"):
+            await grade(crashes, instance, sandbox)
 
         exit_code = task(type="command", command="test {id} = i && grep -q ok t_test.py")
         assert (await grade(exit_code, instance, sandbox)).reward == 1.0
@@ -248,7 +266,7 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         result = await grade(writes, instance, sandbox)
         assert (result.reward, result.components) == (0.25, {"exit_code": 3})
         silent = task(type="command", command="echo hi", reward_file=reward_file)
-        with pytest.raises(GraderError, match="wrote no reward file"):
+        with pytest.raises(TestsDidNotRun, match="wrote no reward file"):
             await grade(silent, instance, sandbox)
         garbage = task(
             type="command", command=f"echo lots > {reward_file}", reward_file=reward_file
@@ -256,7 +274,7 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         with pytest.raises(GraderError, match="expected a number"):
             await grade(garbage, instance, sandbox)
         hangs = task(type="command", command="sleep 30", timeout=1)
-        with pytest.raises(GraderError, match="timed out"):
+        with pytest.raises(TestsDidNotRun, match="timed out"):
             await grade(hangs, instance, sandbox)
 
         with pytest.raises(GraderError, match="crashed: KeyError"):
@@ -268,7 +286,8 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         with pytest.raises(GraderError, match="returned str"):
             await grade(task(type="python", function="mygrader:wrong"), instance, sandbox)
         result = await grade(task(type="python", function="mygrader:good"), instance, sandbox)
-        assert (result.reward, result.components, result.output) == (0.5, {"note": "i"}, "half")
+        assert (result.reward, result.components) == (0.5, {"note": "i"})
+        assert result.evidence.output == "half"
 
     _with_sandbox(run_id, go)
 
@@ -327,7 +346,7 @@ def test_init_copies_files_and_eval_alone_sees_the_grader_files(
             assert (await sandbox.exec(ExecRequest(command="test -e /grader"))).exit_code == 1
             await sandbox.write_file("/grader/planted", b"the agent put this here")
             result = await env.evaluate(sandbox, task.instances[0])
-            assert result.reward == 1.0, result.output
+            assert result.reward == 1.0, result.evidence.output
         finally:
             await sandbox.close()
 

@@ -24,7 +24,7 @@ from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.tasks.env import build_tools
-from agentrl.tasks.graders import Evidence, TestsDidNotRun
+from agentrl.tasks.graders import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import (
     BASH_BLOCK_HINT,
@@ -236,7 +236,7 @@ class Episode:
         except TimeoutError:
             self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
         except GraderError as e:  # the grader could not grade: never a reward
-            self.evidence = e.evidence if isinstance(e, TestsDidNotRun) else None
+            self.evidence = e.evidence if isinstance(e, DidNotRun) else None
             self.fail(StopReason.eval_error, str(e), e.fix)
         except AgentRLError as e:
             self.fail(StopReason.sandbox_error, str(e), e.fix)

@@ -104,8 +104,16 @@ def _set(key: str, value: object) -> Callable[[dict[str, Any]], None]:
 
 MALFORMED = [
     ("test_patch missing", _drop("test_patch"), ":2: swe-bench instance {id}: test_patch: missing"),
-    ("test_patch empty", _set("test_patch", " \n"), ":2: swe-bench instance {id}: test_patch: empty"),
-    ("repo not text", _set("repo", 5), ":2: swe-bench instance {id}: repo: expected a string, got int"),
+    (
+        "test_patch empty",
+        _set("test_patch", " \n"),
+        ":2: swe-bench instance {id}: test_patch: empty",
+    ),
+    (
+        "repo not text",
+        _set("repo", 5),
+        ":2: swe-bench instance {id}: repo: expected a string, got int",
+    ),
     (
         "FAIL_TO_PASS not JSON",
         _set("FAIL_TO_PASS", "tests/a.py::b"),

@@ -19,14 +19,14 @@ import pytest
 from conftest import labelled_containers
 
 from agentrl.errors import GraderError, SandboxError
+from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
 from agentrl.tasks.env import TaskEnv
-from agentrl.runner import make_env
 from agentrl.tasks.graders import (
+    DidNotRun,
     Grade,
-    TestsDidNotRun,
     fill,
     grade,
     parse_pytest_log,
@@ -242,14 +242,14 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         # a listed test that does not exist: pytest runs nothing; no test ran, which is no
         # grade at all (the environment asks an untouched sandbox whose fault that is)
         gone = task(type="pytest", fail_to_pass=["t_test.py::test_gone"], pass_to_pass=ids_ok)
-        with pytest.raises(TestsDidNotRun, match="none of the 4 listed tests") as caught:
+        with pytest.raises(DidNotRun, match="none of the 4 listed tests") as caught:
             await grade(gone, instance, sandbox)
         assert caught.value.evidence.tests["t_test.py::test_gone"] == "MISSING"
         missing = task(type="pytest", command="no-such-runner", fail_to_pass=["t_test.py::x"])
-        with pytest.raises(TestsDidNotRun, match="did not run \\(exit 127\\)"):
+        with pytest.raises(DidNotRun, match="did not run \\(exit 127\\)"):
             await grade(missing, instance, sandbox)
         crashes = task(type="command", command="kill -SEGV $$")
-        with pytest.raises(TestsDidNotRun, match="SIGSEGV"):
+        with pytest.raises(DidNotRun, match="SIGSEGV"):
             await grade(crashes, instance, sandbox)
 
         exit_code = task(type="command", command="test {id} = i && grep -q ok t_test.py")
@@ -266,7 +266,7 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         result = await grade(writes, instance, sandbox)
         assert (result.reward, result.components) == (0.25, {"exit_code": 3})
         silent = task(type="command", command="echo hi", reward_file=reward_file)
-        with pytest.raises(TestsDidNotRun, match="wrote no reward file"):
+        with pytest.raises(DidNotRun, match="wrote no reward file"):
             await grade(silent, instance, sandbox)
         garbage = task(
             type="command", command=f"echo lots > {reward_file}", reward_file=reward_file
@@ -274,7 +274,7 @@ def test_graders_in_a_real_sandbox(tmp_path: Path, run_id: str) -> None:
         with pytest.raises(GraderError, match="expected a number"):
             await grade(garbage, instance, sandbox)
         hangs = task(type="command", command="sleep 30", timeout=1)
-        with pytest.raises(TestsDidNotRun, match="timed out"):
+        with pytest.raises(DidNotRun, match="timed out"):
             await grade(hangs, instance, sandbox)
 
         with pytest.raises(GraderError, match="crashed: KeyError"):

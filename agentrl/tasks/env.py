@@ -22,7 +22,7 @@ from typing import Protocol
 from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
-from agentrl.tasks.graders import Grade, TestsDidNotRun, fill, grade
+from agentrl.tasks.graders import Grade, DidNotRun, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
 
@@ -146,7 +146,7 @@ class TaskEnv:
         sealed = await sandbox.seal()
         try:
             graded = await self.grade(sandbox, instance)
-        except TestsDidNotRun as failed:
+        except DidNotRun as failed:
             failed.evidence.sealed = sealed
             graded = await self._referred(instance, failed)
         graded.evidence.sealed = sealed
@@ -198,14 +198,14 @@ class TaskEnv:
                 sandbox = await self.init(instance, name=f"{instance.id}-reference")
                 try:
                     result: Grade | GraderError = await self.grade(sandbox, instance)
-                except GraderError as e:  # TestsDidNotRun too
+                except GraderError as e:  # DidNotRun too
                     result = e
                 finally:
                     await sandbox.close()
                 self._references[instance.id] = result
             return self._references[instance.id]
 
-    async def _referred(self, instance: Instance, failed: TestsDidNotRun) -> Grade:
+    async def _referred(self, instance: Instance, failed: DidNotRun) -> Grade:
         """Decide whose fault `failed` is by grading an untouched sandbox of the instance."""
         try:
             reference = await self.reference(instance)
@@ -214,7 +214,7 @@ class TaskEnv:
         evidence = failed.evidence
         if isinstance(reference, GraderError):
             evidence.reference = f"in an untouched sandbox the tests did not run either: {reference}"
-            raise TestsDidNotRun(
+            raise DidNotRun(
                 f"{failed} (in an untouched sandbox too: {reference})",
                 evidence,
                 fix=failed.fix or reference.fix or f"run `agentrl check {self.task.path}`",

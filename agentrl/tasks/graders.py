@@ -9,7 +9,7 @@ Every grade carries `Evidence`: the test command, its exit code, per-test status
 head and tail of its output, and what EVAL did first (processes stopped, protected
 paths restored, runtime substitutions). Three outcomes:
 - a `Grade`: the tests ran and said something about the agent's work;
-- `TestsDidNotRun`: the test command could not run here (missing runner, crash by
+- `DidNotRun`: the test command could not run here (missing runner, crash by
   signal, timeout, nothing parsed, no reward file). The environment decides whose
   fault that was (`TaskEnv.evaluate` asks an untouched sandbox);
 - `GraderError`: the grader itself is broken; the episode is eval_error, never a 0.
@@ -94,7 +94,7 @@ class Grade(BaseModel):
     seconds: float
 
 
-class TestsDidNotRun(GraderError):
+class DidNotRun(GraderError):
     """The test command could not run in this sandbox; `evidence` shows how far it got."""
 
     def __init__(self, message: str, evidence: Evidence, *, fix: str | None = None) -> None:
@@ -103,7 +103,7 @@ class TestsDidNotRun(GraderError):
 
 
 async def grade(task: Task, instance: Instance, sandbox: Sandbox) -> Grade:
-    """Grade `sandbox` with the task's grader; TestsDidNotRun / GraderError as above."""
+    """Grade `sandbox` with the task's grader; DidNotRun / GraderError as above."""
     grader, started = task.spec.grader, time.monotonic()
     if isinstance(grader, CommandGrader):
         reward, components, evidence = await _command(grader, instance, sandbox)
@@ -141,17 +141,17 @@ def truncate(text: str, keep: int = OUTPUT_KEEP_CHARS) -> str:
 
 
 def ran(result: ExecResult, what: str, grader: str, command: str) -> Evidence:
-    """Evidence of one test command; TestsDidNotRun if it timed out, was not found or died."""
+    """Evidence of one test command; DidNotRun if it timed out, was not found or died."""
     evidence = Evidence(
         grader=grader, command=command, exit_code=result.exit_code, output=truncate(result.output)
     )
     if result.timed_out:
-        raise TestsDidNotRun(f"{what} timed out after {result.seconds:.0f} s", evidence)
+        raise DidNotRun(f"{what} timed out after {result.seconds:.0f} s", evidence)
     code = result.exit_code
     if code in (126, 127):
-        raise TestsDidNotRun(f"{what} did not run (exit {code}): {tail(result.output)}", evidence)
+        raise DidNotRun(f"{what} did not run (exit {code}): {tail(result.output)}", evidence)
     if code in SIGNAL_EXITS:
-        raise TestsDidNotRun(f"{what} died of {SIGNAL_EXITS[code]} (exit {code})", evidence)
+        raise DidNotRun(f"{what} died of {SIGNAL_EXITS[code]} (exit {code})", evidence)
     return evidence
 
 
@@ -228,7 +228,7 @@ def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
     return field
 
 
-def test_counts(tests: dict[str, str], passing: Iterable[str] = PASSING) -> dict[str, int]:
+def count_tests(tests: dict[str, str], passing: Iterable[str] = PASSING) -> dict[str, int]:
     """`tests_passed` / `tests_failed` of a status map, for a trajectory's reward components."""
     ok = set(passing)
     passed = sum(status in ok for status in tests.values())
@@ -250,7 +250,7 @@ async def _command(
     try:
         data = await sandbox.read_file(reward_file)
     except SandboxFileNotFound:
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"the grader command exited {result.exit_code} and wrote no reward file "
             f"{reward_file}: {tail(result.output)}",
             evidence,
@@ -277,13 +277,13 @@ async def _pytest(
     tests = {t: found.get(t, "MISSING") for t in wanted}
     evidence.tests = tests
     if not found.keys() & set(wanted):
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed tests: "
             f"{tail(result.output)}",
             evidence,
         )
     reward = 1.0 if all(s in PASSING for s in tests.values()) else 0.0
-    return reward, {"exit_code": result.exit_code, **test_counts(tests)}, evidence
+    return reward, {"exit_code": result.exit_code, **count_tests(tests)}, evidence
 
 
 async def _python(

@@ -63,7 +63,7 @@ from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.graders import (
     Evidence,
     Grade,
-    TestsDidNotRun,
+    DidNotRun,
     listed_tests,
     ran,
     tail,
@@ -503,7 +503,7 @@ def _prepare_script(instance: Instance, fmt: Format) -> str:
     lines += ["export GIT_AUTHOR_NAME=agentrl GIT_AUTHOR_EMAIL=agentrl@localhost"]
     lines += ["export GIT_COMMITTER_NAME=agentrl GIT_COMMITTER_EMAIL=agentrl@localhost"]
     if fmt == "swe-smith":  # offline: main + the bug, its failing tests gone, as one commit
-        doomed = " ".join(shlex.quote(f) for f in test_files(instance, fail_only=True)) or '""'
+        doomed = " ".join(shlex.quote(f) for f in files_of_tests(instance, fail_only=True)) or '""'
         lines += [
             "git apply /tmp/agentrl-prepare/bug.patch",
             f"rm -f -- {doomed}",
@@ -647,7 +647,7 @@ async def agent_patch(sandbox: Sandbox) -> str:
     """Everything the agent changed in /testbed since agentrl-base, as a binary git diff.
 
     Git runs with hooks, external diff drivers and filters of the repository's own config
-    turned off; a repository the agent broke gives a TestsDidNotRun with git's words."""
+    turned off; a repository the agent broke gives a DidNotRun with git's words."""
     safe = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external="
     base = (
         f"base=$(git rev-parse -q --verify {BASE_TAG}^{{commit}} || git rev-parse HEAD) && "
@@ -657,15 +657,15 @@ async def agent_patch(sandbox: Sandbox) -> str:
     done = await sandbox.exec(ExecRequest(command=base, timeout=PATCH_TIMEOUT_S))
     if done.exit_code != 0:
         evidence = ran(done, "git diff", "swe-bench", base)
-        raise TestsDidNotRun(f"cannot read the agent's changes: {tail(done.output)}", evidence)
+        raise DidNotRun(f"cannot read the agent's changes: {tail(done.output)}", evidence)
     data = await sandbox.read_file(PATCH)
     if len(data) > MAX_PATCH_BYTES:
         evidence = Evidence(grader="swe-bench", command=base, notes=[f"{len(data)} bytes"])
-        raise TestsDidNotRun(f"the agent's changes are {len(data) >> 20} MiB", evidence)
+        raise DidNotRun(f"the agent's changes are {len(data) >> 20} MiB", evidence)
     return data.decode(errors="surrogateescape")
 
 
-def test_files(instance: Instance, *, fail_only: bool = False) -> list[str]:
+def files_of_tests(instance: Instance, *, fail_only: bool = False) -> list[str]:
     """The files that hold the instance's FAIL_TO_PASS (and PASS_TO_PASS) tests."""
     ids = listed_tests("FAIL_TO_PASS", instance)
     if not fail_only:
@@ -677,7 +677,7 @@ def test_files(instance: Instance, *, fail_only: bool = False) -> list[str]:
 def drop_test_changes(patch: str, instance: Instance, fmt: Format) -> tuple[str, list[str]]:
     """`patch` without its changes to test files (test_patch's files, the files of the listed
     tests, any conftest.py, R2E's r2e_tests/); the paths dropped."""
-    guarded = set(test_files(instance)) | set(patch_files(str(instance.fields.get("test_patch", ""))))
+    guarded = set(files_of_tests(instance)) | set(patch_files(str(instance.fields.get("test_patch", ""))))
     kept, dropped = [], []
     for chunk in re.split(r"(?=^diff --git )", patch, flags=re.MULTILINE):
         header = _GIT_HEADER.findall(chunk.split("\n", 1)[0])
@@ -718,7 +718,7 @@ async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: 
         )
         if bug.exit_code != 0:
             evidence = ran(bug, "applying the bug patch", fmt, "git apply")
-            raise TestsDidNotRun(f"the row's bug patch does not apply: {tail(bug.output)}", evidence)
+            raise DidNotRun(f"the row's bug patch does not apply: {tail(bug.output)}", evidence)
     if fmt == "r2e-gym":  # where R2E-Gym's runtime puts the hidden tests
         setup = (
             f"mv {R2E_RUNNER} /root/run_tests.sh && mv {R2E_TESTS} /root/r2e_tests && "
@@ -727,7 +727,7 @@ async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: 
         done = await sandbox.exec(ExecRequest(command=setup, timeout=60))
         if done.exit_code != 0:
             evidence = ran(done, "moving R2E-Gym's tests", fmt, setup)
-            raise TestsDidNotRun(f"the image holds no R2E-Gym tests: {tail(done.output)}", evidence)
+            raise DidNotRun(f"the image holds no R2E-Gym tests: {tail(done.output)}", evidence)
     how = await apply_patch(sandbox, patch)
     if how is None:  # the agent's doing: unresolved, as every harness counts it
         evidence = Evidence(grader=fmt, notes=["the agent's patch does not apply"])
@@ -755,7 +755,7 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
         get_resolution_status,
     )
 
-    spec = test_spec(instance)
+    spec = eval_spec(instance)
     await sandbox.write_file(EVAL_SCRIPT, spec.eval_script.encode())
     command = f"/bin/bash {EVAL_SCRIPT}"
     result = await sandbox.exec(ExecRequest(command=command, timeout=TEST_TIMEOUT_S))
@@ -767,7 +767,7 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
     wanted = {FAIL_TO_PASS: spec.FAIL_TO_PASS, PASS_TO_PASS: spec.PASS_TO_PASS}
     if not found:
         evidence.tests = {t: "MISSING" for t in spec.FAIL_TO_PASS + spec.PASS_TO_PASS}
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"the eval script's log (exit {result.exit_code}) holds no gradable test results "
             f"({spec.log_parser})",
             evidence,
@@ -796,7 +796,7 @@ def _statuses(report: dict[str, dict[str, list[str]]], status_map: dict[str, str
     return statuses
 
 
-def test_spec(instance: Instance) -> Any:
+def eval_spec(instance: Instance) -> Any:
     """The swebench TestSpec of a row: its own eval script (2026 datasets), or the one the
     classic harness generates for it."""
     from swebench.harness.utils import make_test_spec
@@ -842,7 +842,7 @@ def classic_eval_script(instance: Instance) -> list[str]:
         cases = re.findall(r"\[case ([^\]]+)\]", test_patch)
         test = f'{command} "{" or ".join(cases)}"'
     else:
-        test = " ".join([command, *test_directives(instance)])
+        test = " ".join([command, *directives(instance)])
     lines = [
         CONDA.strip(),
         f"cd {WORKDIR}",
@@ -861,7 +861,7 @@ def classic_eval_script(instance: Instance) -> list[str]:
     return lines
 
 
-def test_directives(instance: Instance) -> list[str]:
+def directives(instance: Instance) -> list[str]:
     """The test directives of the classic harness: test_patch's files, less non-test files;
     Django's as dotted module names."""
     paths = re.findall(r"diff --git a/.* b/(.*)", str(instance.fields["test_patch"]))
@@ -873,7 +873,7 @@ def test_directives(instance: Instance) -> list[str]:
 
 async def _grade_smith(sandbox: Sandbox, instance: Instance) -> Grade:
     """SWE-smith: the listed tests' files restored, the profile's verbose pytest on them."""
-    files = test_files(instance)
+    files = files_of_tests(instance)
     restore = f"git checkout HEAD -- {' '.join(shlex.quote(f) for f in files)}" if files else "true"
     command = str(instance.fields.get("test_cmd") or SWE_SMITH_TEST_CMD)
     script = "\n".join(
@@ -909,7 +909,7 @@ def _grade_listed(
     f2p, p2p = listed_tests("FAIL_TO_PASS", instance), listed_tests("PASS_TO_PASS", instance)
     if not status_map:
         evidence.tests = {t: "MISSING" for t in f2p + p2p}
-        raise TestsDidNotRun(f"the tests (exit {exit_code}) reported no results", evidence)
+        raise DidNotRun(f"the tests (exit {exit_code}) reported no results", evidence)
     report = get_eval_tests_report(status_map, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
     resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
     evidence.tests = _statuses(report, status_map)
@@ -933,7 +933,7 @@ async def _grade_r2e(sandbox: Sandbox, instance: Instance) -> Grade:
     expected = {k.split(" - ")[0]: v for k, v in json.loads(instance.fields["expected_output_json"]).items()}
     evidence.tests = parsed
     if not parsed:
-        raise TestsDidNotRun(f"run_tests.sh (exit {result.exit_code}) reported no results", evidence)
+        raise DidNotRun(f"run_tests.sh (exit {result.exit_code}) reported no results", evidence)
     matched = len(parsed) == len(expected) and all(parsed.get(k) == v for k, v in expected.items())
     differ = sorted(k for k in expected.keys() | parsed.keys() if parsed.get(k) != expected.get(k))
     if differ:

@@ -10,7 +10,7 @@ task's docker-compose.yaml sets. After the agent, its harness copies `run-tests.
 with its PytestParser: the test name is what follows the first `::`, a FAILED line loses
 its ` - message`, and the task is resolved when every parsed test passed (skipped and
 xfail count as passed). agentrl does the same; a run whose output has no summary, or
-none with a test in it, did not run (`TestsDidNotRun`).
+none with a test in it, did not run (`DidNotRun`).
 
 Harbor: `task.toml` (`[agent]`/`[verifier]` `timeout_sec`, `[environment]` `cpus`,
 `memory_mb`, `docker_image`), `instruction.md`, `environment/Dockerfile`,
@@ -44,11 +44,11 @@ from agentrl.tasks.env import TaskEnv, put_path
 from agentrl.tasks.graders import (
     Evidence,
     Grade,
-    TestsDidNotRun,
+    DidNotRun,
     parse_reward,
     ran,
     tail,
-    test_counts,
+    count_tests,
 )
 from agentrl.tasks.spec import (
     EpisodeLimits,
@@ -145,7 +145,7 @@ class TerminalEnv(TaskEnv):
         return await super()._resolve_image()
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
-        needs = offline.read_scripts(test_scripts(Path(self.task.path)))
+        needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
         brought = await offline.install(sandbox, needs) if needs.uses_bootstrap else []
         graded = await super().grade(sandbox, instance)
         graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
@@ -166,7 +166,7 @@ def harness_image(folder: Path) -> str | None:
     return f"tb__{folder.name}".replace(".", "-") + "__client"
 
 
-def test_scripts(folder: Path) -> list[str]:
+def verifier_scripts(folder: Path) -> list[str]:
     """The shell scripts a task's tests run: run-tests.sh and every .sh under tests/."""
     paths = [folder / "run-tests.sh", *sorted((folder / "tests").rglob("*.sh"))]
     return [p.read_text(errors="replace") for p in paths if p.is_file()]
@@ -215,12 +215,12 @@ async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> Grade:
     evidence.tests = tests
     if not tests:
         found = "no pytest summary" if not _SUMMARY.search(result.output) else "no test in it"
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"run-tests.sh (exit {result.exit_code}): {found}: {tail(result.output)}", evidence
         )
     resolved = all(status in TB_PASSING for status in tests.values())
     components = {"resolved": resolved, "exit_code": result.exit_code}
-    components |= test_counts(tests, TB_PASSING)
+    components |= count_tests(tests, TB_PASSING)
     return Grade(
         reward=1.0 if resolved else 0.0, components=components, evidence=evidence, seconds=0.0
     )
@@ -261,21 +261,21 @@ async def grade_harbor(sandbox: Sandbox, instance: Instance) -> Grade:
     try:
         data = await sandbox.read_file(f"{REWARD_DIR}/reward.txt")
     except SandboxFileNotFound:
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"tests/test.sh exited {result.exit_code} and wrote no {REWARD_DIR}/reward.txt: "
             f"{tail(result.output)}",
             evidence,
         ) from None
     reward, extra = parse_reward(data.decode(errors="replace"), f"{REWARD_DIR}/reward.txt")
     if instance.fields.get("pytest") and not tests:  # reward 0 because pytest never ran
-        raise TestsDidNotRun(
+        raise DidNotRun(
             f"tests/test.sh wrote reward {reward:g} but pytest reported no test: "
             f"{tail(result.output)}",
             evidence,
         )
     components = {"exit_code": result.exit_code, **extra}
     if tests:
-        components |= test_counts(tests, TB_PASSING)
+        components |= count_tests(tests, TB_PASSING)
     return Grade(reward=reward, components=components, evidence=evidence, seconds=0.0)
 
 

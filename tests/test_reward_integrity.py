@@ -1,0 +1,372 @@
+"""Rewards an agent cannot fake, and infrastructure failures that are never rewards.
+
+Every attack here is what a no-op agent does during RUN (commands in its sandbox, as its
+bash tool would run them) to earn reward without solving anything. Each is first shown
+to work against grading *without* EVAL's sealing (so the test proves the defence, not a
+harmless attack), then shown to score 0 through `env.evaluate`, the path training uses.
+
+The Terminal-Bench task is the shipped `fix-wordfreq` (tests run with `python3 -m
+pytest /tests/test_outputs.py` in the agent's own container); the SWE-bench instance is
+the shipped `more-itertools` row (its grade comes from a fresh container and the patch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.errors import GraderError
+from agentrl.runner import make_env
+from agentrl.sandbox.base import ExecRequest, Sandbox
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.graders import DidNotRun, Grade
+from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import Instance, Task
+from agentrl.tasks.swe_bench import BASE_TAG, load_swe_bench, prepare_image
+from agentrl.tasks.terminal import load_terminal_task
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[1]
+WORDFREQ = load_terminal_task(REPO / "tasks" / "terminal" / "fix-wordfreq")
+SWE = load_swe_bench(REPO / "tasks" / "swe_bench" / "instances.jsonl")
+ITERTOOLS = next(i for i in SWE.instances if i.id.startswith("more-itertools"))
+
+FAKE_SUMMARY = (
+    "=== short test summary info ===\\n"
+    "PASSED /tests/test_outputs.py::test_sample_from_the_instructions\\n"
+    "=== 1 passed in 0.01s ==="
+)
+PASSING_TESTS = "def test_sample_from_the_instructions():\n    pass\n"
+
+Attack = Callable[[Sandbox], Awaitable[None]]
+
+
+async def _sh(sandbox: Sandbox, command: str) -> None:
+    done = await sandbox.exec(ExecRequest(command=command, timeout=60))
+    assert done.exit_code == 0, done.output
+
+
+async def setsid_rewriter(sandbox: Sandbox) -> None:
+    """A loop in its own session that keeps rewriting the tests once they are copied in."""
+    await sandbox.write_file("/tmp/fake_tests.py", PASSING_TESTS.encode())
+    copy = "[ -d /tests ] && cp /tmp/fake_tests.py /tests/test_outputs.py"
+    loop = f"while :; do {copy}; sleep 0.01; done"
+    await _sh(sandbox, f"setsid sh -c '{loop}' >/dev/null 2>&1 < /dev/null &")
+
+
+async def delayed_writer(sandbox: Sandbox) -> None:
+    """A double-forked, disowned daemon that sleeps, then waits for the tests and swaps
+    them (what a cron or at job would do, without cron)."""
+    await sandbox.write_file("/tmp/fake_tests.py", PASSING_TESTS.encode())
+    job = (
+        "sleep 1; while [ ! -f /tests/test_outputs.py ]; do sleep 0.01; done; "
+        "sleep 0.05; cp /tmp/fake_tests.py /tests/test_outputs.py"
+    )
+    await _sh(sandbox, f"( nohup sh -c '{job}' >/dev/null 2>&1 < /dev/null & ) ; disown -a || true")
+
+
+async def root_conftest(sandbox: Sandbox) -> None:
+    """pytest.ini and conftest.py at /, which a run of /tests/test_outputs.py would load."""
+    hook = textwrap.dedent(
+        """
+        import pytest
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):
+            outcome = yield
+            report = outcome.get_result()
+            report.outcome = "passed"
+        """
+    )
+    await sandbox.write_file("/conftest.py", hook.encode())
+    await sandbox.write_file("/pytest.ini", b"[pytest]\n")
+
+
+async def sitecustomize(sandbox: Sandbox) -> None:
+    """A startup hook in site-packages that answers for pytest."""
+    hook = (
+        "import os, sys\n"
+        "if 'pytest' in ' '.join(sys.argv):\n"
+        f"    print('{FAKE_SUMMARY}')\n"
+        "    os._exit(0)\n"
+    )
+    await sandbox.write_file(
+        "/usr/local/lib/python3.11/dist-packages/sitecustomize.py", hook.encode()
+    )
+
+
+async def fake_python(sandbox: Sandbox) -> None:
+    """A python3 earlier on PATH than the real one, that only prints a passing summary."""
+    script = f"#!/bin/sh\nprintf '{FAKE_SUMMARY}\\n'\n"
+    await sandbox.write_file("/usr/local/bin/python3", script.encode(), mode=0o755)
+
+
+async def replaced_python(sandbox: Sandbox) -> None:
+    """The image's own python3 replaced by the same fake."""
+    script = f"#!/bin/sh\nprintf '{FAKE_SUMMARY}\\n'\n"
+    await _sh(sandbox, "rm /usr/bin/python3")
+    await sandbox.write_file("/usr/bin/python3", script.encode(), mode=0o755)
+
+
+async def edited_tests(sandbox: Sandbox) -> None:
+    """Tests planted where the grader will put its own."""
+    await sandbox.write_file("/tests/test_outputs.py", PASSING_TESTS.encode())
+
+
+ATTACKS = {
+    "setsid rewriter": setsid_rewriter,
+    "delayed writer": delayed_writer,
+    "conftest.py and pytest.ini at /": root_conftest,
+    "sitecustomize": sitecustomize,
+    "python3 earlier on PATH": fake_python,
+    "python3 replaced": replaced_python,
+    "tests planted": edited_tests,
+}
+WORKS_UNSEALED = set(ATTACKS) - {"tests planted"}  # EVAL replaces /tests with or without seal
+
+
+async def _graded(env: TaskEnv, instance: Instance, attack: Attack, *, sealed: bool) -> Grade:
+    sandbox = await env.init(instance, "attack")
+    try:
+        await attack(sandbox)
+        await asyncio.sleep(1.5)  # the delayed writer's first sleep is over
+        if sealed:
+            return await env.evaluate(sandbox, instance)
+        return await env.grade(sandbox, instance)  # what EVAL did before sealing existed
+    finally:
+        await sandbox.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_a_no_op_agent_cannot_fake_terminal_bench_tests(name: str, run_id: str) -> None:
+    attack = ATTACKS[name]
+    instance = WORDFREQ.instances[0]
+
+    async def go() -> tuple[Grade | None, Grade]:
+        env = make_env(WORDFREQ, DockerProvider(reap_at_start=False), run_id)
+        unsealed = (
+            await _graded(env, instance, attack, sealed=False) if name in WORKS_UNSEALED else None
+        )
+        return unsealed, await _graded(env, instance, attack, sealed=True)
+
+    unsealed, sealed = asyncio.run(go())
+    if unsealed is not None:
+        assert unsealed.reward == 1.0, f"the attack does not even work: {unsealed.evidence.output}"
+    assert sealed.reward == 0.0, sealed.evidence.output
+    assert sealed.evidence.tests  # the real tests ran, and failed
+    assert sealed.evidence.sealed is not None
+    if name in ("setsid rewriter", "delayed writer"):
+        assert any("sh -c" in p for p in sealed.evidence.sealed.stopped)
+    if name in ("conftest.py and pytest.ini at /", "sitecustomize", "python3 replaced"):
+        assert sealed.evidence.sealed.restored, "the protected paths were put back"
+
+
+@pytest.mark.slow
+def test_a_no_op_agent_cannot_fake_swe_bench_tests(run_id: str) -> None:
+    """Everything at once in the agent's sandbox: none of it crosses into the grade but
+    the patch, and the patch's test-file changes are dropped."""
+    f2p_file = json.loads(ITERTOOLS.fields["FAIL_TO_PASS"])[0].split("::")[0]
+
+    async def attack(sandbox: Sandbox) -> None:
+        await setsid_rewriter(sandbox)
+        await sitecustomize(sandbox)
+        await replaced_python(sandbox)
+        hook = "import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
+        hook += "def pytest_runtest_call(item):\n    pass\n"
+        await sandbox.write_file("/testbed/conftest.py", hook.encode())
+        await sandbox.write_file(f"/testbed/{f2p_file}", b"def test_nothing():\n    pass\n")
+
+    async def go() -> Grade:
+        env = make_env(SWE, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(ITERTOOLS, "attack")
+        try:
+            await attack(sandbox)
+            return await env.evaluate(sandbox, ITERTOOLS)
+        finally:
+            await sandbox.close()
+
+    graded = asyncio.run(go())
+    assert graded.reward == 0.0, graded.evidence.output
+    assert set(graded.evidence.tampered) == {"conftest.py", f2p_file}
+    assert graded.components["tampered_tests"] == 2
+    f2p = json.loads(ITERTOOLS.fields["FAIL_TO_PASS"])
+    assert {graded.evidence.tests[t] for t in f2p} == {"FAILED"}
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a"}
+    env |= {"GIT_COMMITTER_EMAIL": "a@b", "PATH": "/usr/bin:/bin", "HOME": str(repo)}
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_the_fix_cannot_be_read_from_git_history(tmp_path: Path) -> None:
+    """An instance image whose /testbed still holds the future (the fix commit on its
+    branch, a later release tag, a remote-tracking branch, a stash, reflog entries):
+    the image the agent starts from holds nothing after the base commit."""
+    repo = tmp_path / "testbed"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "lib.py").write_text("def f():\n    return 1  # bug\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "old", "--date=2001-01-01T00:00:00")
+    _git(repo, "tag", "v0.1")
+    (repo / "lib.py").write_text("def f():\n    return 2  # bug\n")
+    _git(repo, "commit", "-qam", "base")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "lib.py").write_text("def f():\n    return 42  # THE FIX\n")
+    _git(repo, "commit", "-qam", "the fix")
+    fix = _git(repo, "rev-parse", "HEAD")
+    fix_blob = _git(repo, "rev-parse", "HEAD:lib.py")
+    _git(repo, "tag", "v1.0")
+    _git(repo, "update-ref", "refs/remotes/origin/main", fix)
+    _git(repo, "reset", "-q", "--hard", base)
+    (repo / "lib.py").write_text("stashed\n")
+    _git(repo, "stash", "-q")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM agentrl/base:bookworm\nCOPY testbed /testbed\nWORKDIR /testbed\n"
+    )
+    tag = f"agentrl-test/leaky:{tmp_path.name[-8:].lower()}"
+    client = docker_client()
+    try:
+        client.images.build(path=str(tmp_path), tag=tag, rm=True, network_mode="none")
+        row = {"instance_id": "leaky__leaky-1", "repo": "leaky/leaky", "base_commit": base}
+        prepared = prepare_image(tag, Instance(id="leaky__leaky-1", fields=row), "swe-bench")
+        script = (
+            "cd /testbed; git log --all --format=%H; echo ---; git tag; echo ---;"
+            " git stash list; git reflog | wc -l; git branch -a;"
+            f" git cat-file -e {fix} && echo FIX-COMMIT;"
+            f" git cat-file -e {fix_blob} && echo FIX-BLOB;"
+            " git rev-parse HEAD; git status --porcelain"
+        )
+        out = client.containers.run(
+            prepared, ["bash", "-c", script], remove=True, network_disabled=True
+        )
+    finally:
+        for image in (locals().get("prepared"), tag):
+            if image:
+                client.images.remove(image, force=True)
+        client.close()
+    text = out.decode()
+    commits, tags, rest = text.split("---\n")
+    assert commits.split() == [base, _git(repo, "rev-parse", "HEAD~1")]
+    assert sorted(tags.split()) == sorted([BASE_TAG, "v0.1"])  # the old tag stays; v1.0 is gone
+    assert "FIX" not in rest and "origin" not in rest and "stash" not in rest
+    assert rest.split()[-1] == base  # HEAD: where the agent starts, clean
+    assert rest.split()[0] == "0"  # no reflog
+
+
+# ---------------------------------------------------------------- infrastructure vs agent
+
+
+def _yaml_task(folder: Path, grader: dict[str, object]) -> Task:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "name": "t",
+        "instances": [{"id": "one"}],
+        "prompt": {"system": "s", "instance": "i"},
+        "grader": grader,
+        "sandbox": {"workdir": "/work"},
+    }
+    (folder / "task.yaml").write_text(yaml.safe_dump(spec))
+    return load_task(folder / "task.yaml")
+
+
+def test_a_grader_that_cannot_run_its_tests_is_never_a_reward(tmp_path: Path, run_id: str) -> None:
+    """A missing test runner (127) is an eval_error: the untouched sandbox cannot run it
+    either. The same tests stopped by the agent (it deleted pytest) are the agent's 0."""
+    missing = _yaml_task(tmp_path / "missing", {"type": "command", "command": "no-such-runner"})
+    (tmp_path / "runs" / "tests").mkdir(parents=True)
+    test = "def test_x():\n    assert open('/work/done').read() == 'yes'\n"
+    (tmp_path / "runs" / "tests" / "test_x.py").write_text(test)
+    grader = {"type": "pytest", "fail_to_pass": ["tests/test_x.py::test_x"], "pass_to_pass": []}
+    runs = _yaml_task(tmp_path / "runs", {**grader, "files": {"tests": "tests"}})
+
+    async def go() -> tuple[BaseException, Grade, Grade]:
+        provider = DockerProvider(reap_at_start=False)
+        env = make_env(missing, provider, run_id)
+        sandbox = await env.init(missing.instances[0], "missing")
+        try:
+            with pytest.raises(GraderError) as caught:
+                await env.evaluate(sandbox, missing.instances[0])
+        finally:
+            await sandbox.close()
+        env = make_env(runs, provider, run_id)
+        broke = await env.init(runs.instances[0], "broke")
+        honest = await env.init(runs.instances[0], "honest")
+        try:
+            await _sh(broke, "rm -rf /usr/lib/python3/dist-packages/_pytest")
+            await _sh(honest, "printf yes > /work/done")
+            return (
+                caught.value,
+                await env.evaluate(broke, runs.instances[0]),
+                await env.evaluate(honest, runs.instances[0]),
+            )
+        finally:
+            await broke.close()
+            await honest.close()
+
+    error, broke, honest = asyncio.run(go())
+    assert isinstance(error, DidNotRun)
+    assert "exit 127" in str(error) and "in an untouched sandbox too" in str(error)
+    assert error.evidence.reference and error.evidence.exit_code == 127
+    assert broke.reward == 0.0 and broke.components["tests_ran"] is False
+    assert broke.evidence.reference
+    assert "the agent's changes stopped them" in broke.evidence.reference
+    assert honest.reward == 1.0, honest.evidence.output
+
+
+def test_agentrl_run_reports_infrastructure_failures_apart_and_fails(tmp_path: Path) -> None:
+    """Every episode an eval_error: the reward is no mean of zeros, the first error and its
+    fix are printed, the exit code is 1, and each episode's evidence is in the run folder."""
+    task = {
+        "name": "broken-grader",
+        "instances": [{"id": "a"}, {"id": "b"}],
+        "prompt": {"system": "s", "instance": "i"},
+        "tools": ["finish"],
+        "limits": {"max_turns": 1, "max_new_tokens": 32, "context_length": 2048},
+        "grader": {"type": "command", "command": "no-such-test-runner --all"},
+    }
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump(task))
+    finish = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
+    (tmp_path / "script.yaml").write_text(yaml.safe_dump([finish]))
+    out = tmp_path / "run"
+    policy = f"scripted:{tmp_path / 'script.yaml'}"
+    command = ["run", str(tmp_path / "task.yaml"), "--policy", policy, "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", *command], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "infrastructure failures: 2 of 2 episodes" in done.stderr
+    assert "first: the grader command did not run (exit 127)" in done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reward_mean"] is None and summary["infra_failures"] == 2
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    for traj in map(json.loads, lines):
+        assert traj["stop_reason"] == "eval_error" and traj["reward"] is None
+        evidence = json.loads((out / traj["grade_file"]).read_text())
+        assert evidence["command"] == "no-such-test-runner --all" and evidence["exit_code"] == 127
+        assert "untouched sandbox" in evidence["reference"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "failures", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "grader command: no-such-test-runner --all -> exit 127" in shown.stdout, shown.stdout
+    assert "evidence:" in shown.stdout

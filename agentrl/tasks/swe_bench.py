@@ -49,6 +49,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,9 +62,9 @@ from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider
 from agentrl.sandbox.images import ImageInfo, build_recipe, docker_client, folder_hash
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.graders import (
+    DidNotRun,
     Evidence,
     Grade,
-    DidNotRun,
     listed_tests,
     ran,
     tail,
@@ -106,56 +107,82 @@ NON_TEST_EXTS = (
 )
 """Files of test_patch that are no test directives (the harness's list, `csv` included)."""
 
-# The classic harness's test command and log parser per repository (swebench 4.1
-# MAP_REPO_VERSION_TO_SPECS / MAP_REPO_TO_PARSER; SWE-Gym's fork for its repositories).
-# The install step the classic eval script re-runs needs the network; it is left out.
-_PYTEST = "pytest -rA"
-CLASSIC: dict[str, tuple[str, str]] = {
-    "astropy/astropy": (_PYTEST, "parse_log_astropy"),
-    "django/django": (
-        "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
-        "parse_log_django",
+# The classic harness's rules per repository (swebench 4.1's MAP_REPO_VERSION_TO_SPECS and
+# MAP_REPO_TO_PARSER; SWE-Gym's fork for its repositories): the test command, the log
+# parser, the install step its eval script repeats, extra commands; `_classic_spec` applies
+# the version differences.
+_PYTEST, _EDITABLE = "pytest -rA", "python -m pip install -e ."
+
+
+@dataclass(frozen=True)
+class ClassicSpec:
+    test_cmd: str
+    parser: str
+    install: str | None = _EDITABLE
+    eval_commands: tuple[str, ...] = ()
+
+
+CLASSIC: dict[str, ClassicSpec] = {
+    "astropy/astropy": ClassicSpec(
+        _PYTEST, "parse_log_astropy", "python -m pip install -e .[test] --verbose"
     ),
-    "marshmallow-code/marshmallow": (_PYTEST, "parse_log_marshmallow"),
-    "matplotlib/matplotlib": (_PYTEST, "parse_log_matplotlib"),
-    "mwaskom/seaborn": ("pytest --no-header -rA", "parse_log_seaborn"),
-    "pallets/flask": (_PYTEST, "parse_log_flask"),
-    "psf/requests": (_PYTEST, "parse_log_requests"),
-    "pvlib/pvlib-python": (_PYTEST, "parse_log_pvlib"),
-    "pydata/xarray": (_PYTEST, "parse_log_xarray"),
-    "pydicom/pydicom": (_PYTEST, "parse_log_pydicom"),
-    "pylint-dev/astroid": (_PYTEST, "parse_log_astroid"),
-    "pylint-dev/pylint": (_PYTEST, "parse_log_pylint"),
-    "pytest-dev/pytest": (_PYTEST, "parse_log_pytest"),
-    "pyvista/pyvista": (_PYTEST, "parse_log_pyvista"),
-    "scikit-learn/scikit-learn": (_PYTEST, "parse_log_scikit"),
-    "sqlfluff/sqlfluff": (_PYTEST, "parse_log_sqlfluff"),
-    "sphinx-doc/sphinx": ("tox --current-env -epy39 -v --", "parse_log_sphinx"),
-    "sympy/sympy": (
+    "django/django": ClassicSpec(
+        "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1", "parse_log_django"
+    ),
+    "marshmallow-code/marshmallow": ClassicSpec(
+        _PYTEST, "parse_log_marshmallow", "python -m pip install -e '.[dev]'"
+    ),
+    "matplotlib/matplotlib": ClassicSpec(_PYTEST, "parse_log_matplotlib"),
+    "mwaskom/seaborn": ClassicSpec("pytest --no-header -rA", "parse_log_seaborn", f"{_EDITABLE}[dev]"),
+    "pallets/flask": ClassicSpec(_PYTEST, "parse_log_flask"),
+    "psf/requests": ClassicSpec(_PYTEST, "parse_log_requests", "python -m pip install ."),
+    "pvlib/pvlib-python": ClassicSpec(_PYTEST, "parse_log_pvlib", f"{_EDITABLE}[all]"),
+    "pydata/xarray": ClassicSpec(_PYTEST, "parse_log_xarray"),
+    "pydicom/pydicom": ClassicSpec(_PYTEST, "parse_log_pydicom"),
+    "pylint-dev/astroid": ClassicSpec(_PYTEST, "parse_log_astroid"),
+    "pylint-dev/pylint": ClassicSpec(_PYTEST, "parse_log_pylint"),
+    "pytest-dev/pytest": ClassicSpec(_PYTEST, "parse_log_pytest"),
+    "pyvista/pyvista": ClassicSpec(_PYTEST, "parse_log_pyvista"),
+    "scikit-learn/scikit-learn": ClassicSpec(
+        _PYTEST,
+        "parse_log_scikit",
+        "python -m pip install -v --no-use-pep517 --no-build-isolation -e .",
+    ),
+    "sqlfluff/sqlfluff": ClassicSpec(_PYTEST, "parse_log_sqlfluff"),
+    "sphinx-doc/sphinx": ClassicSpec(
+        "tox --current-env -epy39 -v --", "parse_log_sphinx", f"{_EDITABLE}[test]"
+    ),
+    "sympy/sympy": ClassicSpec(
         "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
         "parse_log_sympy",
     ),
-    # SWE-Gym's repositories
-    "getmoto/moto": ("pytest -n0 -rA", "parse_log_pytest"),
-    "conan-io/conan": ("pytest -n0 -rA", "parse_log_pytest"),
-    "dask/dask": ("pytest -n0 -rA  --color=no", "parse_log_pytest"),
-    "Project-MONAI/MONAI": ("pytest -rA ", "parse_log_pytest"),
-    "iterative/dvc": (_PYTEST, "parse_log_pytest"),
-    "bokeh/bokeh": ("pytest -rA -n0", "parse_log_pytest"),
-    "modin-project/modin": ("pytest -n0 -rA", "parse_log_pytest"),
-    "pydantic/pydantic": (
+}
+SWE_GYM: dict[str, ClassicSpec] = {  # SWE-Gym's fork (its install steps are not known here)
+    "getmoto/moto": ClassicSpec("pytest -n0 -rA", "parse_log_pytest", None),
+    "conan-io/conan": ClassicSpec("pytest -n0 -rA", "parse_log_pytest", None),
+    "dask/dask": ClassicSpec("pytest -n0 -rA  --color=no", "parse_log_pytest", None),
+    "Project-MONAI/MONAI": ClassicSpec("pytest -rA ", "parse_log_pytest", None),
+    "iterative/dvc": ClassicSpec(_PYTEST, "parse_log_pytest", None),
+    "bokeh/bokeh": ClassicSpec("pytest -rA -n0", "parse_log_pytest", None),
+    "modin-project/modin": ClassicSpec("pytest -n0 -rA", "parse_log_pytest", None),
+    "pydantic/pydantic": ClassicSpec(
         "pytest -rA --tb=short -vv -o console_output_style=classic --no-header",
         "parse_log_pytest",
+        None,
     ),
-    "pandas-dev/pandas": ("pytest -rA --tb=long", "parse_log_pytest"),
-    "facebookresearch/hydra": ("pytest -rA --tb=long", "parse_log_pytest"),
-    "python/mypy": ("pytest -n0 -rA -k", "parse_log_pytest"),
+    "pandas-dev/pandas": ClassicSpec("pytest -rA --tb=long", "parse_log_pytest", None),
+    "facebookresearch/hydra": ClassicSpec("pytest -rA --tb=long", "parse_log_pytest", None),
+    "python/mypy": ClassicSpec("pytest -n0 -rA -k", "parse_log_pytest", None),
 }
-SWE_GYM_REPOS = frozenset(list(CLASSIC)[18:])
-_CLASSIC_VERSION_CMD = {  # where one version of a repository differs
-    ("django/django", "1.9"): "./tests/runtests.py --verbosity 2",
-}
-_LOCALE = ("export LANG=en_US.UTF-8", "export LC_ALL=en_US.UTF-8", "export PYTHONIOENCODING=utf8")
+SWE_GYM_REPOS = frozenset(SWE_GYM)
+_DJANGO_LOCALE = (
+    *("export LANG=en_US.UTF-8", "export LC_ALL=en_US.UTF-8"),
+    *("export PYTHONIOENCODING=utf8", "export LANGUAGE=en_US:en"),
+)
+_DJANGO_LOCALE_GEN = (
+    "sed -i '/en_US.UTF-8/s/^# //g' /etc/locale.gen && locale-gen",
+    *("export LANG=en_US.UTF-8", "export LANGUAGE=en_US:en", "export LC_ALL=en_US.UTF-8"),
+)
 SWE_SMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
 R2E_TESTS, R2E_RUNNER = "/r2e_tests", "/testbed/run_tests.sh"
 _SMITH_LINE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL)\b")
@@ -321,7 +348,7 @@ def _require_swebench() -> None:
 
 def _own_row(instance: Instance) -> bool:
     """agentrl's own rows (a `source` to build from, no harness repository) need no swebench."""
-    return instance.fields.get("source") is not None and instance.fields["repo"] not in CLASSIC
+    return instance.fields.get("source") is not None and _classic_spec(instance.fields) is None
 
 
 def _rows(file: Path, data: bytes) -> list[tuple[str, object]]:
@@ -820,45 +847,80 @@ def eval_spec(instance: Instance) -> Any:
     return make_test_spec(row)
 
 
+def _classic_spec(fields: dict[str, Any]) -> ClassicSpec | None:
+    """The classic harness's spec of a row's repository and version (None: no harness
+    repository, e.g. agentrl's own rows)."""
+    repo, version = str(fields.get("repo", "")), str(fields.get("version", ""))
+    spec = CLASSIC.get(repo) or SWE_GYM.get(repo)
+    if spec is None:
+        return None
+    major = _version(version)
+    if repo == "django/django":
+        install = "python setup.py install" if major < (3, 0) else _EDITABLE
+        extra = _DJANGO_LOCALE if (1, 7) <= major < (3, 0) else ()
+        extra = _DJANGO_LOCALE_GEN if (3, 0) <= major < (4, 0) else extra
+        command = "./tests/runtests.py --verbosity 2" if version == "1.9" else spec.test_cmd
+        return ClassicSpec(command, spec.parser, install, extra)
+    if repo == "matplotlib/matplotlib" and major < (3, 0):
+        return replace(spec, install="python setup.py build; python setup.py install")
+    if repo == "matplotlib/matplotlib" and major >= (3, 8):
+        return replace(spec, install='python -m pip install --no-build-isolation -e ".[dev]"')
+    if repo == "mwaskom/seaborn" and major < (0, 12):
+        return replace(spec, install=_EDITABLE)
+    if repo == "astropy/astropy" and major < (3, 0):
+        return replace(spec, test_cmd="pytest -rA -vv -o console_output_style=classic --tb=no")
+    return spec
+
+
+def _version(text: str) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", text)
+    return tuple(int(n) for n in numbers[:2]) or (0,)
+
+
 def _classic(fields: dict[str, Any]) -> tuple[str, str]:
     """(test command, log parser) of a classic row: its own `test_cmd`, else the harness's."""
-    repo, version = str(fields.get("repo", "")), str(fields.get("version", ""))
-    command, parser = CLASSIC.get(repo, (DEFAULT_TEST_CMD, "parse_log_pytest"))
-    command = _CLASSIC_VERSION_CMD.get((repo, version), command)
-    return str(fields.get("test_cmd") or command), parser
+    spec = _classic_spec(fields)
+    command = spec.test_cmd if spec else DEFAULT_TEST_CMD
+    return str(fields.get("test_cmd") or command), spec.parser if spec else "parse_log_pytest"
 
 
 def classic_eval_script(instance: Instance) -> list[str]:
     """The eval script the classic harness generates for a row (swebench 4.1's
-    make_eval_script_list_py, without the install step that needs the network)."""
+    make_eval_script_list_py). agentrl's own rows (no harness repository) run the same
+    steps without an install, from the tagged base when the upstream commit is unknown."""
     fields = instance.fields
+    spec = _classic_spec(fields)
     base, test_patch = str(fields["base_commit"]), str(fields["test_patch"])
-    files = " ".join(shlex.quote(f) for f in patch_files(test_patch, old=True))
-    # A row built by agentrl (one commit, upstream commit ids unknown) starts at its tag.
-    ref = f"$(git rev-parse -q --verify {base}^{{commit}} || echo {BASE_TAG})"
+    files = " ".join(patch_files(test_patch, old=True))
     command, _ = _classic(fields)
-    repo = str(fields.get("repo", ""))
-    if repo == "python/mypy":  # SWE-Gym's mypy: the cases the test patch adds, by name
+    if fields.get("repo") == "python/mypy":  # SWE-Gym's mypy: the cases the test patch adds
         cases = re.findall(r"\[case ([^\]]+)\]", test_patch)
         test = f'{command} "{" or ".join(cases)}"'
     else:
         test = " ".join([command, *directives(instance)])
-    lines = [
-        CONDA.strip(),
+    if spec is None:
+        base = f"$(git rev-parse -q --verify {base}^{{commit}} || echo {BASE_TAG})"
+        activate = [CONDA.strip()]
+    else:
+        activate = ["source /opt/miniconda3/bin/activate", "conda activate testbed"]
+    return [
+        *activate,
         f"cd {WORKDIR}",
-        *(_LOCALE if repo == "django/django" else ()),
+        *(spec.eval_commands if spec else ()),
         f"git config --global --add safe.directory {WORKDIR}",
+        f"cd {WORKDIR}",
         "git status",
         "git show",
-        f"git -c core.fileMode=false diff {ref}",
-        f"git checkout {ref} {files}",
+        f"git -c core.fileMode=false diff {base}",
+        *(activate if spec else ()),
+        *([spec.install] if spec and spec.install else []),
+        f"git checkout {base} {files}",
         f"git apply -v - <<'EOF_114329324912'\n{test_patch}\nEOF_114329324912",
         f": '{START}'",
         test,
         f": '{END}'",
-        f"git checkout {ref} {files}",
+        f"git checkout {base} {files}",
     ]
-    return lines
 
 
 def directives(instance: Instance) -> list[str]:

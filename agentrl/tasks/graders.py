@@ -210,9 +210,10 @@ def parse_pytest_log(log: str, wanted: Iterable[str] = ()) -> dict[str, str]:
 
 
 def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
-    """Test ids given inline, or named by an instance field (a list, or JSON text of one)."""
+    """Test ids given inline, or named by an instance field (a list, or JSON text of one);
+    always a new list, so a caller that extends it changes no instance."""
     if isinstance(value, list):
-        return value
+        return list(value)
     if value not in instance.fields:
         return []
     field = instance.fields[value]
@@ -225,7 +226,7 @@ def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
             ) from None
     if not isinstance(field, list) or not all(isinstance(t, str) for t in field):
         raise GraderError(f"instance {instance.id}: field {value} must list test ids (strings)")
-    return field
+    return list(field)
 
 
 def count_tests(tests: dict[str, str], passing: Iterable[str] = PASSING) -> dict[str, int]:

@@ -133,7 +133,9 @@ CLASSIC: dict[str, ClassicSpec] = {
         _PYTEST, "parse_log_marshmallow", "python -m pip install -e '.[dev]'"
     ),
     "matplotlib/matplotlib": ClassicSpec(_PYTEST, "parse_log_matplotlib"),
-    "mwaskom/seaborn": ClassicSpec("pytest --no-header -rA", "parse_log_seaborn", f"{_EDITABLE}[dev]"),
+    "mwaskom/seaborn": ClassicSpec(
+        "pytest --no-header -rA", "parse_log_seaborn", f"{_EDITABLE}[dev]"
+    ),
     "pallets/flask": ClassicSpec(_PYTEST, "parse_log_flask"),
     "psf/requests": ClassicSpec(_PYTEST, "parse_log_requests", "python -m pip install ."),
     "pvlib/pvlib-python": ClassicSpec(_PYTEST, "parse_log_pvlib", f"{_EDITABLE}[all]"),
@@ -552,7 +554,7 @@ def _prepare_script(instance: Instance, fmt: Format) -> str:
         '  git update-ref -d "$ref"',
         "done",
         'if [ -n "$branch" ]; then git update-ref "refs/heads/$branch" "$head"; fi',
-        "for r in $(git remote); do git remote remove \"$r\"; done",
+        'for r in $(git remote); do git remote remove "$r"; done',
         "git stash clear 2>/dev/null || true",
         f'git tag -f {BASE_TAG} "$head" >/dev/null',
         "rm -f .git/FETCH_HEAD .git/ORIG_HEAD",
@@ -607,8 +609,8 @@ class SweBenchEnv(TaskEnv):
 
     def __init__(self, task: Task, provider: SandboxProvider, run_id: str) -> None:
         super().__init__(task, provider, run_id)
-        self.format: Format = detect_format(task.instances[0].fields) if task.instances else (
-            "swe-bench"
+        self.format: Format = (
+            detect_format(task.instances[0].fields) if task.instances else ("swe-bench")
         )
         self._images: dict[str, tuple[str, str]] = {}  # id -> (found image, prepared image)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -634,7 +636,9 @@ class SweBenchEnv(TaskEnv):
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         """The agent's patch, graded in a fresh container as the format's harness grades."""
         started = time.monotonic()
-        patch = await agent_patch(sandbox)
+        # R2E-Gym's hidden tests are no change of the agent's (its runtime's own rule)
+        hidden = ("r2e_tests", "run_tests.sh") if self.format == "r2e-gym" else ()
+        patch = await agent_patch(sandbox, hidden)
         kept, tampered = drop_test_changes(patch, instance, self.format)
         found, ready = await self._image_pair(instance)
         spec = await self.spec(instance, f"{sandbox.spec.name or instance.id}-grade")
@@ -670,7 +674,7 @@ class SweBenchEnv(TaskEnv):
 # -- grading ------------------------------------------------------------------------------
 
 
-async def agent_patch(sandbox: Sandbox) -> str:
+async def agent_patch(sandbox: Sandbox, exclude: tuple[str, ...] = ()) -> str:
     """Everything the agent changed in /testbed since agentrl-base, as a binary git diff.
 
     Git runs with hooks, external diff drivers and filters of the repository's own config
@@ -678,7 +682,7 @@ async def agent_patch(sandbox: Sandbox) -> str:
     safe = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external="
     base = (
         f"base=$(git rev-parse -q --verify {BASE_TAG}^{{commit}} || git rev-parse HEAD) && "
-        f"{safe} add -A -- . ':(exclude)r2e_tests' && "
+        f"{safe} add -A -- . {' '.join(shlex.quote(f':(exclude){p}') for p in exclude)} && "
         f'{safe} diff --cached --binary --no-color --no-ext-diff --no-textconv "$base" > {PATCH}'
     )
     done = await sandbox.exec(ExecRequest(command=base, timeout=PATCH_TIMEOUT_S))
@@ -704,7 +708,9 @@ def files_of_tests(instance: Instance, *, fail_only: bool = False) -> list[str]:
 def drop_test_changes(patch: str, instance: Instance, fmt: Format) -> tuple[str, list[str]]:
     """`patch` without its changes to test files (test_patch's files, the files of the listed
     tests, any conftest.py, R2E's r2e_tests/); the paths dropped."""
-    guarded = set(files_of_tests(instance)) | set(patch_files(str(instance.fields.get("test_patch", ""))))
+    guarded = set(files_of_tests(instance)) | set(
+        patch_files(str(instance.fields.get("test_patch", "")))
+    )
     kept, dropped = [], []
     for chunk in re.split(r"(?=^diff --git )", patch, flags=re.MULTILINE):
         header = _GIT_HEADER.findall(chunk.split("\n", 1)[0])
@@ -721,7 +727,8 @@ def drop_test_changes(patch: str, instance: Instance, fmt: Format) -> tuple[str,
 
 async def apply_patch(sandbox: Sandbox, patch: str) -> str | None:
     """Apply the agent's patch at /testbed as the harness does (each fallback from a clean
-    tree); the command that worked, "" for an empty patch, None if none did."""
+    tree; a patch the tree already holds counts as applied); the command that worked, ""
+    for an empty patch, None if none did."""
     if not patch.strip():
         return ""
     await sandbox.write_file(PATCH, patch.encode(errors="surrogateescape"))
@@ -729,10 +736,14 @@ async def apply_patch(sandbox: Sandbox, patch: str) -> str | None:
         if attempt:
             reset = "git checkout -- . ; git clean -fdq"
             await sandbox.exec(ExecRequest(command=reset, timeout=PATCH_TIMEOUT_S))
-        done = await sandbox.exec(ExecRequest(command=f"{command} {PATCH}", timeout=PATCH_TIMEOUT_S))
+        done = await sandbox.exec(
+            ExecRequest(command=f"{command} {PATCH}", timeout=PATCH_TIMEOUT_S)
+        )
         if done.exit_code == 0:
             return command
-    return None
+    check = f"git apply --check --reverse {PATCH}"
+    done = await sandbox.exec(ExecRequest(command=check, timeout=PATCH_TIMEOUT_S))
+    return f"{check} (already applied)" if done.exit_code == 0 else None
 
 
 async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: str) -> Grade:
@@ -813,7 +824,9 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
     )
 
 
-def _statuses(report: dict[str, dict[str, list[str]]], status_map: dict[str, str]) -> dict[str, str]:
+def _statuses(
+    report: dict[str, dict[str, list[str]]], status_map: dict[str, str]
+) -> dict[str, str]:
     """Each listed test's status as the parser read it (MISSING: not in the log)."""
     statuses: dict[str, str] = {}
     for outcome in report.values():
@@ -992,16 +1005,22 @@ async def _grade_r2e(sandbox: Sandbox, instance: Instance) -> Grade:
     result = await sandbox.exec(ExecRequest(command=path + command, timeout=300))
     evidence = ran(result, "run_tests.sh", "r2e-gym", command)
     parsed = parse_r2e_log(result.output)
-    expected = {k.split(" - ")[0]: v for k, v in json.loads(instance.fields["expected_output_json"]).items()}
+    expected = {
+        k.split(" - ")[0]: v for k, v in json.loads(instance.fields["expected_output_json"]).items()
+    }
     evidence.tests = parsed
     if not parsed:
         raise DidNotRun(f"run_tests.sh (exit {result.exit_code}) reported no results", evidence)
     matched = len(parsed) == len(expected) and all(parsed.get(k) == v for k, v in expected.items())
     differ = sorted(k for k in expected.keys() | parsed.keys() if parsed.get(k) != expected.get(k))
     if differ:
-        evidence.notes.append(f"{len(differ)} tests differ from expected_output_json: {differ[:10]}")
+        evidence.notes.append(
+            f"{len(differ)} tests differ from expected_output_json: {differ[:10]}"
+        )
     components = {"resolved": matched, "tests_expected": len(expected), "tests_differ": len(differ)}
-    return Grade(reward=1.0 if matched else 0.0, components=components, evidence=evidence, seconds=0.0)
+    return Grade(
+        reward=1.0 if matched else 0.0, components=components, evidence=evidence, seconds=0.0
+    )
 
 
 def parse_r2e_log(log: str) -> dict[str, str]:
@@ -1030,7 +1049,11 @@ def patch_files(diff: str, *, old: bool = False) -> list[str]:
     lines = diff.splitlines()
     if not paths:  # a plain unified diff: `---`, `+++`, then `@@` is a file header
         for old_line, new_line, hunk in zip(lines, lines[1:], lines[2:], strict=False):
-            if old_line.startswith("--- ") and new_line.startswith("+++ ") and hunk.startswith("@@"):
+            if (
+                old_line.startswith("--- ")
+                and new_line.startswith("+++ ")
+                and hunk.startswith("@@")
+            ):
                 paths += [_strip_prefix(old_line[4:]), _strip_prefix(new_line[4:])]
     return list(dict.fromkeys(p for p in paths if p != "/dev/null"))
 

@@ -1,0 +1,265 @@
+"""SWE-Gym, SWE-smith and R2E-Gym rows: read as published, their images named as each
+harness names them, and graded by each harness's rules.
+
+The SWE-smith row is genuine (a fixture of the SWE-smith repository, kept in the local
+corpus when present). No genuine SWE-Gym or R2E-Gym row was found in any public
+repository reachable here: those rows are written after the datasets' cards (column
+names and types), and say so. The grading tests use small images built here in each
+dataset's layout: a clean repository whose SWE-smith bug is a patch, and an R2E-Gym
+repository with hidden tests in /r2e_tests and a run_tests.sh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.check import check_task
+from agentrl.runner import make_env
+from agentrl.sandbox.base import ExecRequest
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.graders import Grade
+from agentrl.tasks.swe_bench import (
+    image_names,
+    load_swe_bench,
+    parse_r2e_log,
+)
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+SWE_GYM_ROW = {  # columns as the SWE-Gym dataset card lists them; test lists are lists
+    "instance_id": "getmoto__moto-7365",
+    "repo": "getmoto/moto",
+    "base_commit": "0" * 40,
+    "patch": "",
+    "test_patch": "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n",
+    "problem_statement": "p",
+    "hints_text": "",
+    "created_at": "2024-01-01",
+    "version": "5.0",
+    "FAIL_TO_PASS": ["tests/test_x.py::test_a"],
+    "PASS_TO_PASS": [],
+}
+R2E_ROW = {  # columns as the R2E-Gym-Subset card lists them (JSON strings where it says so)
+    "repo_name": "calc",
+    "docker_image": "agentrl-test/r2e-calc:latest",
+    "commit_hash": "1234567890abcdef",
+    "parsed_commit_content": "{}",
+    "execution_result_content": "{}",
+    "modified_files": ["calc.py"],
+    "modified_entity_summaries": [],
+    "relevant_files": ["calc.py"],
+    "num_non_test_files": 1,
+    "num_non_test_func_methods": 1,
+    "num_non_test_lines": 1,
+    "prompt": "p",
+    "problem_statement": "[ISSUE]add() subtracts[/ISSUE]",
+    "expected_output_json": json.dumps(
+        {"test_add": "PASSED", "TestCalc.test_sub": "PASSED", "test_known_bad": "FAILED"}
+    ),
+}
+
+
+def _write(tmp_path: Path, rows: list[dict[str, Any]], name: str = "rows.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_each_dataset_is_told_by_its_columns(tmp_path: Path) -> None:
+    gym = load_swe_bench(_write(tmp_path, [SWE_GYM_ROW]))
+    assert gym.format == "swe-gym" and gym.instances[0].id == "getmoto__moto-7365"
+    assert image_names(gym.instances[0], "swe-gym") == [
+        "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-7365:latest",  # OpenHands' rule
+        "swebench/sweb.eval.x86_64.getmoto_1776_moto-7365:latest",
+        "sweb.eval.x86_64.getmoto__moto-7365:latest",
+    ]
+    r2e = load_swe_bench(_write(tmp_path, [R2E_ROW], "r2e.jsonl"))
+    assert r2e.format == "r2e-gym" and r2e.instances[0].id == "calc__1234567890ab"
+    assert image_names(r2e.instances[0], "r2e-gym") == ["agentrl-test/r2e-calc:latest"]
+    assert "{repo_name}" in r2e.spec.prompt.instance
+    mixed = _write(tmp_path, [SWE_GYM_ROW, R2E_ROW], "mixed.jsonl")
+    with pytest.raises(Exception, match="rows of several datasets in one file"):
+        load_swe_bench(mixed)
+
+
+@pytest.mark.skipif(
+    not (CORPUS / "rows" / "swe-smith.jsonl").is_file(), reason="no local corpus (tests/corpus)"
+)
+def test_a_genuine_swe_smith_row_loads_as_published() -> None:
+    task = load_swe_bench(CORPUS / "rows" / "swe-smith.jsonl")
+    (instance,) = task.instances
+    assert task.format == "swe-smith" and instance.id == "pandas-dev__pandas.95280573.pr_53652"
+    assert image_names(instance, "swe-smith") == [
+        "swesmith.x86_64.pandas-dev__pandas.95280573:latest"
+    ]
+
+
+def test_r2e_gym_log_parse_drops_the_file_and_the_message() -> None:
+    log = (
+        "\x1b[1m=== short test summary info ===\x1b[0m\r\n"
+        "PASSED r2e_tests/test_1.py::test_add\n"
+        "FAILED r2e_tests/test_1.py::TestCalc::test_sub - assert 1 == 2\n"
+        "ERROR r2e_tests/test_2.py::test_setup\n"
+    )
+    assert parse_r2e_log(log) == {
+        "test_add": "PASSED",
+        "TestCalc.test_sub": "FAILED",
+        "test_setup": "ERROR",
+    }
+    assert parse_r2e_log("PASSED r2e_tests/test_1.py::test_add") == {}  # no summary, no result
+
+
+# ---------------------------------------------------------------- Docker, layouts built here
+
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+BUG = (
+    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n"
+    "@@ -1,5 +1,5 @@\n def add(a, b):\n-    return a + b\n+    return a - b\n"
+    " \n \n def sub(a, b):\n"
+)
+TESTS = (
+    "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "class TestCalc:\n    def test_sub(self):\n        assert sub(3, 2) == 1\n\n\n"
+    "def test_known_bad():\n    assert False\n"
+)
+
+
+def _image(tmp_path: Path, tag: str, files: dict[str, str], run: str) -> str:
+    """An image FROM the base with `files` and `run` (a shell line) in /testbed."""
+    context = tmp_path / tag.replace("/", "_").replace(":", "_")
+    for name, text in files.items():
+        (context / "files" / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / "files" / name).write_text(text)
+    (context / "Dockerfile").write_text(
+        "FROM agentrl/base:bookworm\nCOPY files /testbed\nWORKDIR /testbed\n"
+        f'RUN ["bash", "-c", {json.dumps(run)}]\n'
+    )
+    client = docker_client()
+    try:
+        client.images.build(path=str(context), tag=tag, rm=True, network_mode="none")
+    finally:
+        client.close()
+    return tag
+
+
+def _git_init() -> str:
+    return (
+        "git init -q -b main && git add -A && git -c user.name=u -c user.email=u@u "
+        "commit -qm 'Initial commit'"
+    )
+
+
+def _remove(*tags: str) -> None:
+    """Remove images by repository name, children before their parents."""
+    client = docker_client()
+    try:
+        for name in tags:
+            for image in client.images.list(name=name):
+                for tag in image.tags:  # untag: layers a failed build left stay dangling
+                    client.images.remove(tag)
+    finally:
+        client.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_swe_smith_start_state_oracle_and_no_op(tmp_path: Path, run_id: str) -> None:
+    """The agent starts from the bug with its failing tests' file gone and no history that
+    holds the clean code; the reversed bug patch earns 1.0, nothing earns 0."""
+    tag = _image(
+        tmp_path,
+        "agentrl-test/swesmith.x86_64.calc:latest",
+        {"calc.py": CALC, "test_calc.py": TESTS.replace("def test_known_bad", "def _x")},
+        _git_init(),
+    )
+    row = {
+        "instance_id": "calc__calc.1234abcd.func_pm_op_swap__x1",
+        "repo": "swesmith/calc__calc.1234abcd",
+        "patch": BUG,
+        "FAIL_TO_PASS": ["test_calc.py::test_add"],
+        "PASS_TO_PASS": ["test_calc.py::TestCalc::test_sub"],
+        "image_name": tag,
+        "problem_statement": "add() subtracts",
+    }
+    task = load_swe_bench(_write(tmp_path, [row]))
+    assert task.format == "swe-smith"
+
+    async def go() -> tuple[str, list[Any]]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "look")
+        try:
+            seen = await sandbox.exec(
+                ExecRequest(
+                    command="git log --all --oneline | wc -l; ls test_calc.py 2>&1;"
+                    " grep -c 'a - b' calc.py; git status --porcelain | wc -l"
+                )
+            )
+        finally:
+            await sandbox.close()
+        return seen.output, await check_task(task, env)
+
+    try:
+        seen, (row_result,) = asyncio.run(go())
+    finally:
+        _remove("agentrl/swe-start-calc__calc.1234abcd.func_pm_op_swap__x1", tag)
+    # one commit, the failing tests' file gone, the bug in (both functions subtract), clean
+    lines = seen.splitlines()
+    assert lines[0] == "1" and "No such file" in lines[1] and lines[2:] == ["2", "0"]
+    assert row_result.ok, row_result
+    assert row_result.oracle.tests == "F2P 1/1, P2P 1/1"
+    assert row_result.noop.tests == "F2P 0/1, P2P 1/1"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_r2e_gym_hidden_tests_and_exact_expected_statuses(tmp_path: Path, run_id: str) -> None:
+    """The hidden tests are not in the agent's image; grading runs run_tests.sh where
+    R2E-Gym's runtime puts it and wants every status exactly as expected (a test expected
+    to fail must still fail)."""
+    run_tests = "python3 -m pytest -rA r2e_tests\n"
+    tag = _image(
+        tmp_path,
+        "agentrl-test/r2e-calc:latest",
+        {
+            "calc.py": CALC.replace("a + b", "a - b"),
+            "run_tests.sh": run_tests,
+            "r2e_tests/test_1.py": TESTS,
+        },
+        # as in R2E-Gym's images: the tests and runner are copied in after the clone
+        f"mv r2e_tests /r2e_tests && mv run_tests.sh /tmp && {_git_init()}"
+        " && mv /tmp/run_tests.sh .",
+    )
+    task = load_swe_bench(_write(tmp_path, [R2E_ROW]))
+    instance = task.instances[0]
+
+    async def go() -> tuple[str, Grade, Grade]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        fixed, idle = await env.init(instance, "fixed"), await env.init(instance, "idle")
+        try:
+            hidden = await fixed.exec(
+                ExecRequest(command="ls /r2e_tests /testbed/run_tests.sh /root 2>&1; true")
+            )
+            await fixed.write_file("/testbed/calc.py", CALC.encode())
+            return (
+                hidden.output,
+                await env.evaluate(fixed, instance),
+                await env.evaluate(idle, instance),
+            )
+        finally:
+            await fixed.close()
+            await idle.close()
+
+    try:
+        hidden, fixed, idle = asyncio.run(go())
+    finally:
+        _remove("agentrl/swe-start-calc__1234567890ab", tag)
+    assert "test_1.py" not in hidden and "No such file" in hidden
+    assert fixed.reward == 1.0, fixed.evidence.output
+    assert fixed.evidence.tests["test_known_bad"] == "FAILED"  # as expected: still a match
+    assert idle.reward == 0.0 and idle.components["tests_differ"] == 1

@@ -94,16 +94,15 @@ async def root_conftest(sandbox: Sandbox) -> None:
 
 
 async def sitecustomize(sandbox: Sandbox) -> None:
-    """A startup hook in site-packages that answers for pytest."""
+    """Python's startup hook (Debian's own, which the stdlib path finds first) rewritten to
+    answer for pytest."""
     hook = (
         "import os, sys\n"
-        "if 'pytest' in ' '.join(sys.argv):\n"
-        f"    print('{FAKE_SUMMARY}')\n"
+        "if '/tests/' in ' '.join(sys.argv):\n"
+        f"    print('{FAKE_SUMMARY}', flush=True)\n"
         "    os._exit(0)\n"
     )
-    await sandbox.write_file(
-        "/usr/local/lib/python3.11/dist-packages/sitecustomize.py", hook.encode()
-    )
+    await sandbox.write_file("/etc/python3.11/sitecustomize.py", hook.encode())
 
 
 async def fake_python(sandbox: Sandbox) -> None:

@@ -1,0 +1,78 @@
+"""`agentrl check`: every shipped task's reference solution earns 1.0 and doing nothing
+less, through the sandbox and grader training uses; and a grader that cannot tell them
+apart, or a task without a solution, fails the check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = [
+    *sorted(str(p) for p in (REPO / "tasks" / "terminal").iterdir() if p.is_dir()),
+    str(REPO / "tasks" / "swe_bench" / "instances.jsonl"),
+    str(REPO / "tasks" / "train" / "shell-basics" / "task.yaml"),
+]
+
+
+def _check(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_every_shipped_task_passes_check(tmp_path: Path) -> None:
+    done = _check(*SHIPPED, "--concurrency", "4", "--json", str(tmp_path / "check.json"))
+    rows = json.loads((tmp_path / "check.json").read_text())
+    failed = [r for r in rows if not r["ok"]]
+    assert done.returncode == 0 and not failed, done.stdout[-3000:] + done.stderr[-2000:]
+    formats = {r["format"] for r in rows}
+    assert formats == {"terminal-bench", "harbor", "swe-bench", "agentrl"}
+    assert len(rows) == 9 + 3 + 72
+    assert all(r["oracle"]["reward"] == 1.0 and r["noop"]["reward"] == 0.0 for r in rows)
+    assert f"{len(rows)} of {len(rows)} instances pass" in done.stdout
+
+
+@pytest.mark.docker
+def test_a_check_that_cannot_tell_solution_from_nothing_fails(tmp_path: Path) -> None:
+    task = {
+        "name": "lenient",
+        "instances": [{"id": "a", "word": "hi"}, {"id": "b", "word": "yo"}],
+        "prompt": {"system": "s", "instance": "write {word}"},
+        "grader": {"type": "command", "command": "true"},  # passes whatever the agent did
+        "oracle": ["echo {word} > /workspace/out.txt"],
+    }
+    (tmp_path / "lenient.yaml").write_text(yaml.safe_dump(task))
+    no_solution = {**task, "name": "unsolved", "grader": {"type": "command", "command": "false"}}
+    del no_solution["oracle"]
+    (tmp_path / "unsolved.yaml").write_text(yaml.safe_dump(no_solution))
+    out = tmp_path / "check.json"
+    done = _check(
+        str(tmp_path / "lenient.yaml"),
+        str(tmp_path / "unsolved.yaml"),
+        "--instances",
+        "a",
+        "--json",
+        str(out),
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {r["task"]: r for r in json.loads(out.read_text())}
+    assert [r["instance"] for r in rows.values()] == ["a", "a"]  # --instances kept only a
+    lenient, unsolved = rows["lenient"], rows["unsolved"]
+    assert lenient["oracle"]["reward"] == 1.0 and lenient["noop"]["reward"] == 1.0
+    assert not lenient["ok"]  # the no-op earned full reward: this grader rewards nothing
+    assert unsolved["oracle"]["error"].startswith("reference solution: ")
+    assert "oracle:" in unsolved["oracle"]["fix"]
+    assert "0 of 2 instances pass" in done.stdout

@@ -389,3 +389,48 @@ def test_build_recipe_builds_once_per_hash(tmp_path: Path) -> None:
         client = docker_client()
         client.images.remove(tag, force=True)
         client.close()
+
+
+# ---------------------------------------------------------------- the offline test runtime
+
+OFFLINE = Path(__file__).resolve().parent / "data" / "terminal"
+
+
+@pytest.mark.parametrize("name", ["uv-bootstrap", "uvx-harbor"])
+def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> None:
+    """Tests that install curl, uv and pytest from the internet grade in a sandbox with no
+    network: agentrl brings uv (the version the installer URL names) and the wheels, and
+    every substitution is in the evidence."""
+    task = load_terminal_task(OFFLINE / name)
+    instance = task.instances[0]
+
+    async def both() -> list[Grade]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+
+        async def one(oracle: bool) -> Grade:
+            sandbox = await env.init(instance, f"{name}-{oracle}")
+            try:
+                probe = "import socket; print([n for _, n in socket.if_nameindex()])"
+                net = await sandbox.exec(ExecRequest(command=["python3", "-c", probe]))
+                assert net.output.strip() == "['lo']", "the sandbox has a network"
+                if oracle:
+                    await env.run_oracle(sandbox, instance)
+                return await env.evaluate(sandbox, instance)
+            finally:
+                await sandbox.close()
+
+        return await asyncio.gather(one(True), one(False))
+
+    oracle, noop = asyncio.run(both())
+    assert oracle.reward == 1.0, oracle.evidence.output
+    assert noop.reward == 0.0, noop.evidence.output
+    version = "0.7.13" if name == "uv-bootstrap" else "0.9.5"
+    substitutions = "\n".join(oracle.evidence.substitutions)
+    assert f"offline test runtime: uv {version} from PyPI" in substitutions
+    assert "apt-get install curl: skipped" in substitutions
+    assert f"curl https://astral.sh/uv/{version}/install.sh" in substitutions
+    if name == "uv-bootstrap":  # the dependency the tests import came from the wheelhouse
+        assert noop.evidence.tests == {
+            "test_status_file_says_ready": "FAILED",
+            "test_the_test_dependencies_are_there": "PASSED",
+        }

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo ready > /app/status.txt

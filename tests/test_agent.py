@@ -157,6 +157,14 @@ def test_agentrl_run_writes_trajectories_and_a_summary(tmp_path: Path) -> None:
     assert summary["reward_mean"] == 1.0 and summary["stop_reasons"] == {"finished": 4}
     assert summary["tool_calls"] == 8 and summary["tool_errors"] == 0
     assert "reward_mean" in res.stdout
+    for traj in trajs:  # each grade's evidence, linked from its trajectory
+        assert traj.grade_file == f"trajectories.grades/{traj.trajectory_id}.json"
+        evidence = json.loads((out / traj.grade_file).read_text())
+        assert evidence["grader"] == "command" and evidence["exit_code"] == 0
+        assert evidence["command"].startswith("test ")
+        # EVAL stopped what the agent left running: here, its bash tool's shell
+        (shell,) = evidence["sealed"]["stopped"]
+        assert shell.endswith("bash --norc --noprofile --noediting")
 
 
 def test_embedded_model_run_decodes_to_exactly_the_conversation_it_reports(

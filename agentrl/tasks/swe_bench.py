@@ -786,12 +786,8 @@ async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: 
 
 
 async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
-    from swebench.harness.grading import (
-        get_eval_tests_report,
-        get_logs_eval,
-        get_resolution_status,
-    )
+    """The harness's eval script; its log parsed and graded by the swebench package."""
+    from swebench.harness.grading import get_logs_eval
 
     spec = eval_spec(instance)
     await sandbox.write_file(EVAL_SCRIPT, spec.eval_script.encode())
@@ -802,7 +798,6 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
         log.write(result.output)
         log.flush()
         status_map, found = get_logs_eval(spec, log.name)
-    wanted = {FAIL_TO_PASS: spec.FAIL_TO_PASS, PASS_TO_PASS: spec.PASS_TO_PASS}
     if not found:
         evidence.tests = {t: "MISSING" for t in spec.FAIL_TO_PASS + spec.PASS_TO_PASS}
         raise DidNotRun(
@@ -810,18 +805,7 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
             f"({spec.log_parser})",
             evidence,
         )
-    report = get_eval_tests_report(status_map, wanted, eval_type=EvalType(spec.eval_type))
-    resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
-    evidence.tests = _statuses(report, status_map)
-    f2p, p2p = report[FAIL_TO_PASS], report[PASS_TO_PASS]
-    components = {
-        "resolved": resolved,
-        "fail_to_pass": f"{len(f2p['success'])}/{len(spec.FAIL_TO_PASS)}",
-        "pass_to_pass": f"{len(p2p['success'])}/{len(spec.PASS_TO_PASS)}",
-    }
-    return Grade(
-        reward=1.0 if resolved else 0.0, components=components, evidence=evidence, seconds=0.0
-    )
+    return resolution(spec.FAIL_TO_PASS, spec.PASS_TO_PASS, status_map, evidence, spec.eval_type)
 
 
 def _statuses(
@@ -971,21 +955,27 @@ async def _grade_smith(sandbox: Sandbox, instance: Instance) -> Grade:
         match = _SMITH_LINE.match(line)
         if match:
             status_map[match.group(1)] = match.group(2)
-    return _grade_listed(instance, status_map, evidence, result.exit_code)
-
-
-def _grade_listed(
-    instance: Instance, status_map: dict[str, str], evidence: Evidence, exit_code: int | None
-) -> Grade:
-    """Resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed (swebench's rules)."""
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
-    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
-
     f2p, p2p = listed_tests("FAIL_TO_PASS", instance), listed_tests("PASS_TO_PASS", instance)
     if not status_map:
         evidence.tests = {t: "MISSING" for t in f2p + p2p}
-        raise DidNotRun(f"the tests (exit {exit_code}) reported no results", evidence)
-    report = get_eval_tests_report(status_map, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
+        raise DidNotRun(f"the tests (exit {result.exit_code}) reported no results", evidence)
+    return resolution(f2p, p2p, status_map, evidence)
+
+
+def resolution(
+    f2p: list[str],
+    p2p: list[str],
+    status_map: dict[str, str],
+    evidence: Evidence,
+    eval_type: str = "pass_and_fail",
+) -> Grade:
+    """The harness's verdict on parsed statuses: resolved (1.0) when every FAIL_TO_PASS and
+    PASS_TO_PASS test passed, by swebench's rules (truncated ids, skips, missing tests)."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    wanted = {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p}
+    report = get_eval_tests_report(status_map, wanted, eval_type=EvalType(eval_type))
     resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
     evidence.tests = _statuses(report, status_map)
     components = {

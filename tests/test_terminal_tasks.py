@@ -424,6 +424,8 @@ def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> Non
     oracle, noop = asyncio.run(both())
     assert oracle.reward == 1.0, oracle.evidence.output
     assert noop.reward == 0.0, noop.evidence.output
+    # the pytest uv installed ran, not the image's own (Debian's 7.2.1)
+    assert "pytest-8.4.1" in oracle.evidence.output, oracle.evidence.output
     version = "0.7.13" if name == "uv-bootstrap" else "0.9.5"
     substitutions = "\n".join(oracle.evidence.substitutions)
     assert f"offline test runtime: uv {version} from PyPI" in substitutions

@@ -159,14 +159,39 @@ def wheelhouse(requirements: list[str], python: str) -> Path:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     _pip_download([*requirements, *_binary_flags(python)], folder)
+    # uv locks for every platform at once, so a dependency only Windows or macOS needs
+    # (pytest's colorama) must be there too, though it is never installed here.
+    others = _other_platform_requirements(folder)
+    if others:
+        _pip_download(["--no-deps", *others, *_binary_flags(python, platform_free=True)], folder)
     (folder / ".complete").write_text("\n".join(requirements) + "\n")
     return folder
 
 
-def _binary_flags(python: str | None) -> list[str]:
+def _other_platform_requirements(folder: Path) -> list[str]:
+    """Requirements of the wheels in `folder` that only apply off Linux (markers on
+    sys_platform, platform_system or os_name), as `name<spec>` strings."""
+    found: list[str] = []
+    for wheel in sorted(folder.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+            text = archive.read(name).decode(errors="replace") if name else ""
+        for line in text.splitlines():
+            if not line.startswith("Requires-Dist:") or ";" not in line:
+                continue
+            requirement, marker = line[len("Requires-Dist:") :].split(";", 1)
+            if "extra" not in marker and re.search(r"sys_platform|platform_system|os_name", marker):
+                if not re.search(r"linux|posix", marker):
+                    found.append(requirement.strip().replace(" ", ""))
+    return list(dict.fromkeys(found))
+
+
+def _binary_flags(python: str | None, *, platform_free: bool = False) -> list[str]:
     arch = platform.machine()
     tags = ["manylinux_2_28", "manylinux_2_17", "manylinux2014", "linux"]
-    flags = ["--only-binary=:all:", *(f"--platform={t}_{arch}" for t in tags)]
+    flags = ["--only-binary=:all:"]
+    if not platform_free:
+        flags += [f"--platform={t}_{arch}" for t in tags]
     if python:
         flags += [f"--python-version={python}", "--implementation=cp"]
     return flags

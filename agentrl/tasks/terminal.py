@@ -161,7 +161,16 @@ class TerminalEnv(TaskEnv):
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
         brought = await offline.install(sandbox, needs) if needs.uses_bootstrap else []
-        graded = await super().grade(sandbox, instance)
+        try:
+            graded = await super().grade(sandbox, instance)
+        except DidNotRun as failed:
+            failed.evidence.substitutions = brought + await offline.substitutions(sandbox)
+            if any(offline.NO_PYTHON in line for line in brought):
+                failed.fix = (
+                    "the tests need a Python the sandbox does not have and none could be "
+                    "brought: build the image with it, or grade where uv can download one"
+                )
+            raise
         graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
         return graded
 

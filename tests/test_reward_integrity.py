@@ -369,3 +369,40 @@ def test_agentrl_run_reports_infrastructure_failures_apart_and_fails(tmp_path: P
     )
     assert "grader command: no-such-test-runner --all -> exit 127" in shown.stdout, shown.stdout
     assert "evidence:" in shown.stdout
+
+
+def test_grading_may_have_a_network_the_agent_never_had(
+    tmp_path: Path, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$AGENTRL_EVAL_NETWORK names a Docker network (an internal one here: nothing leaves
+    the machine); a grader that allows it has it at EVAL, after the agent's processes
+    are stopped; the agent's turns, and a grader that does not allow it, have none."""
+    online = "import socket, sys; sys.exit(0 if len(socket.if_nameindex()) > 1 else 1)"
+    grader = {"type": "command", "command": f'python3 -c "{online}"'}
+    allowed = _yaml_task(tmp_path / "allowed", {**grader, "network": True})
+    denied = _yaml_task(tmp_path / "denied", grader)
+    client = docker_client()
+    network = client.networks.create(f"agentrl-test-{run_id[-8:]}", internal=True)
+    monkeypatch.setenv("AGENTRL_EVAL_NETWORK", network.name)
+
+    async def go(task: Task) -> tuple[str, Grade]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "net")
+        try:
+            during = await sandbox.exec(ExecRequest(command=["python3", "-c", online]))
+            return str(during.exit_code), await env.evaluate(sandbox, task.instances[0])
+        finally:
+            await sandbox.close()
+
+    try:
+        (run_allowed, graded_allowed), (run_denied, graded_denied) = (
+            asyncio.run(go(allowed)),
+            asyncio.run(go(denied)),
+        )
+    finally:
+        network.remove()
+        client.close()
+    assert run_allowed == run_denied == "1"  # no network while the agent acts
+    assert graded_allowed.reward == 1.0 and graded_denied.reward == 0.0
+    assert graded_allowed.evidence.notes[0].startswith(f"grading had the network {network.name}")
+    assert graded_denied.evidence.notes == []

@@ -168,6 +168,9 @@ class SandboxWorker:
     async def seal(self, sandbox_id: str) -> Sealed:
         return await self._take(sandbox_id).sandbox.seal()
 
+    async def connect_network(self, sandbox_id: str, name: str) -> None:
+        await self._take(sandbox_id).sandbox.connect_network(name)
+
     async def evaluate(self, sandbox_id: str, instance: Instance) -> Grade:
         held = self._take(sandbox_id)
         return await held.env.evaluate(held.sandbox, instance)
@@ -369,6 +372,9 @@ class RaySandbox:
     async def seal(self) -> Sealed:
         sealed: Sealed = await self.worker.call("seal", self.id)
         return sealed
+
+    async def connect_network(self, name: str) -> None:
+        await self.worker.call("connect_network", self.id, name)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Observation:
         obs: Observation = await self.worker.call("tool", self.id, name, arguments)

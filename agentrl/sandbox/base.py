@@ -141,6 +141,10 @@ class Sandbox(Protocol):
         pytest configuration above the tests) back as the image has it."""
         ...
 
+    async def connect_network(self, name: str) -> None:
+        """Give the sandbox the network `name` (Docker's), from now on (EVAL only)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -416,6 +416,13 @@ class DockerSandbox:
                 raise SandboxError(f"sandbox {self._id[:12]}: cannot remove {absent}")
         return [f"{path} ({kind})" for path, kind in changes]
 
+    async def connect_network(self, name: str) -> None:
+        """Leave `--network none` for the Docker network `name`."""
+        self._check_open()
+        with contextlib.suppress(SandboxError):  # already off "none"
+            await self._call(self._api.disconnect_container_from_network, self._id, "none")
+        await self._call(self._api.connect_container_to_network, self._id, name)
+
     async def close(self) -> None:
         # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
         await asyncio.shield(asyncio.to_thread(self.close_now))

@@ -269,6 +269,9 @@ class LocalSandbox:
         notes = ["local provider: no isolation, protected paths are not restored"]
         return Sealed(stopped=stopped, notes=notes)
 
+    async def connect_network(self, name: str) -> None:
+        """Nothing to do: a local sandbox has this machine's network all along."""
+
     async def close(self) -> None:
         await asyncio.shield(asyncio.to_thread(self.close_now))
 

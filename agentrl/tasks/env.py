@@ -14,6 +14,7 @@ agent's changes stopped them (reward 0); if not, the grader cannot run its tests
 from __future__ import annotations
 
 import asyncio
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -22,11 +23,13 @@ from typing import Protocol
 from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
-from agentrl.tasks.graders import Grade, DidNotRun, fill, grade
+from agentrl.tasks.graders import DidNotRun, Grade, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
 
 SETUP_TIMEOUT_S = 600.0
+EVAL_NETWORK = "AGENTRL_EVAL_NETWORK"
+"""Names the Docker network that grading may use (tasks whose grader allows it)."""
 """Seconds each setup command may take."""
 
 
@@ -152,8 +155,32 @@ class TaskEnv:
         graded.evidence.sealed = sealed
         return graded
 
+    def eval_network(self) -> str | None:
+        """The Docker network grading gets ($AGENTRL_EVAL_NETWORK), if the task's grader may
+        use one; None: grading has no network, as the agent's turns never do."""
+        name = os.environ.get(EVAL_NETWORK)
+        return name if name and self.task.spec.grader.network else None
+
+    async def go_online(self, sandbox: Sandbox) -> list[str]:
+        """Connect the eval network, if any; the note that says so, for the evidence."""
+        network = self.eval_network()
+        if network is None:
+            return []
+        await sandbox.connect_network(network)
+        return [f"grading had the network {network} (${EVAL_NETWORK}); the agent's turns had none"]
+
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         """Copy the grader's files in, then run the grader (no sealing: see `evaluate`)."""
+        online = await self.go_online(sandbox)
+        try:
+            graded = await self._grade_here(sandbox, instance)
+        except DidNotRun as failed:
+            failed.evidence.notes[:0] = online
+            raise
+        graded.evidence.notes[:0] = online
+        return graded
+
+    async def _grade_here(self, sandbox: Sandbox, instance: Instance) -> Grade:
         grader = self.task.spec.grader
         folders = [d for d, s in grader.files.items() if self._local(s).is_dir()]
         workdir = sandbox.spec.workdir

@@ -98,6 +98,12 @@ class _GraderBase(_Model):
         description="sandbox path -> file or folder beside the task, copied in at EVAL only",
     )
     timeout: float = Field(default=600.0, gt=0, description="seconds for grading")
+    network: bool = Field(
+        default=False,
+        description="grading may use the network: the Docker network named by "
+        "$AGENTRL_EVAL_NETWORK is connected at EVAL (after the agent's processes are "
+        "stopped); the agent's turns never have one",
+    )
 
 
 class CommandGrader(_GraderBase):

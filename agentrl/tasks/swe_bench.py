@@ -319,7 +319,10 @@ def load_swe_bench(path: Path | str, *, ids: list[str] | None = None) -> Task:
         ),
         # Graded by SweBenchEnv.grade (a fresh container per grade); this is never called.
         grader=PythonGrader(
-            type="python", function=f"{__name__}:graded_by_env", timeout=TEST_TIMEOUT_S + 300
+            type="python",
+            function=f"{__name__}:graded_by_env",
+            timeout=TEST_TIMEOUT_S + 300,
+            network=True,  # the harness's eval script reinstalls the repository
         ),
     )
     digest = hashlib.sha256(data).hexdigest()[:12]
@@ -646,9 +649,11 @@ class SweBenchEnv(TaskEnv):
             spec = spec.model_copy(update={"image": found})
         fresh = await self.provider.start(spec)
         try:
+            online = await self.go_online(fresh)
             graded = await grade_patch(fresh, instance, self.format, kept)
         finally:
             await fresh.close()
+        graded.evidence.notes[:0] = online
         graded.evidence.tampered = tampered
         components = {**graded.components, "tampered_tests": len(tampered)}
         return graded.model_copy(

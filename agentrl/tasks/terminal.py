@@ -160,7 +160,8 @@ class TerminalEnv(TaskEnv):
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
-        brought = await offline.install(sandbox, needs) if needs.uses_bootstrap else []
+        offline_only = needs.uses_bootstrap and self.eval_network() is None
+        brought = await offline.install(sandbox, needs) if offline_only else []
         try:
             graded = await super().grade(sandbox, instance)
         except DidNotRun as failed:
@@ -351,6 +352,7 @@ def _terminal_bench(
         function=f"{__name__}:grade_terminal_bench",
         files=files,
         timeout=test_timeout + 60,
+        network=True,  # the harness's tests download what they need
     )
     workdir = _workdir(root / "Dockerfile") or WORKDIR_OF_IMAGE
     sandbox = SandboxConfig(recipe=".", workdir=workdir, env={"TEST_DIR": TESTS_DIR})
@@ -389,6 +391,7 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         function=f"{__name__}:grade_harbor",
         files={TESTS_DIR: "tests"},
         timeout=test_timeout + 60,
+        network=True,  # the harness's tests download what they need
     )
     agent_timeout = float(_table(data, "agent").get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
     fields = {

@@ -406,3 +406,58 @@ def test_grading_may_have_a_network_the_agent_never_had(
     assert graded_allowed.reward == 1.0 and graded_denied.reward == 0.0
     assert graded_allowed.evidence.notes[0].startswith(f"grading had the network {network.name}")
     assert graded_denied.evidence.notes == []
+
+
+def test_a_sandbox_restored_from_a_snapshot_is_sealed_against_the_original_image(
+    run_id: str,
+) -> None:
+    """A protected path changed before a snapshot is still put back when a sandbox restored
+    from that snapshot (a branch, a replay) is graded: the snapshot carries it."""
+    from agentrl.sandbox.base import SandboxSpec
+
+    async def go() -> tuple[list[str], str]:
+        provider = DockerProvider(reap_at_start=False)
+        spec = SandboxSpec(run_id=run_id, name="chain")
+        first = await provider.start(spec)
+        try:
+            await fake_python(first)  # before the snapshot
+            snapshot = await first.snapshot("turn-000")
+        finally:
+            await first.close()
+        restored = await provider.restore(snapshot, spec)
+        try:
+            await _sh(restored, "echo planted > /conftest.py")  # after it
+            sealed = await restored.seal()
+            shown = await restored.exec(ExecRequest(command="ls /conftest.py /usr/local/bin; true"))
+        finally:
+            await restored.close()
+            await provider.remove_snapshot(snapshot)
+        return sealed.restored, shown.output
+
+    restored, shown = asyncio.run(go())
+    assert sorted(restored) == ["/conftest.py (added)", "/usr/local/bin/python3 (added)"]
+    assert "python3" not in shown and "No such file" in shown
+
+
+@pytest.mark.parametrize(
+    ("path", "protected"),
+    [
+        ("/usr/bin/python3", True),
+        ("/usr/local/bin/python3.13", True),
+        ("/usr/local/bin/pytest", True),
+        ("/root/.local/bin/uv", True),  # on the image's PATH below
+        ("/etc/python3.11/sitecustomize.py", True),
+        ("/app/.venv/lib/python3.13/site-packages/usercustomize.py", True),
+        ("/pytest.ini", True),
+        ("/etc/ld.so.preload", True),
+        ("/usr/bin/gcc", False),
+        ("/app/.venv/bin/python", False),  # the agent's own venv is its work
+        ("/app/conftest.py", False),  # a project's own, below the tests' rootdir
+        ("/usr/local/lib/python3.13/site-packages/numpy/__init__.py", False),
+    ],
+)
+def test_protected_paths(path: str, protected: bool) -> None:
+    from agentrl.sandbox.seal import is_protected, path_dirs
+
+    dirs = path_dirs(["HOME=/root", "PATH=/root/.local/bin:/usr/local/bin:/usr/bin:/bin"])
+    assert is_protected(path, dirs) is protected

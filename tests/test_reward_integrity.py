@@ -461,3 +461,44 @@ def test_protected_paths(path: str, protected: bool) -> None:
 
     dirs = path_dirs(["HOME=/root", "PATH=/root/.local/bin:/usr/local/bin:/usr/bin:/bin"])
     assert is_protected(path, dirs) is protected
+
+
+def test_a_collection_error_is_the_agents_only_if_the_reference_solution_collects(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Tests that import the module the agent was to write fail to collect when it wrote
+    nothing: the reference solution's sandbox collects them, so that is the agent's 0.
+    Tests that import what no sandbox has fail to collect everywhere: an eval_error."""
+    tests = {
+        "agents": "from mod import f\n\n\ndef test_f():\n    assert f() == 1\n",
+        "nobodys": "import no_such_package\n\n\ndef test_f():\n    assert True\n",
+    }
+    tasks = {}
+    for name, text in tests.items():
+        (tmp_path / name / "tests").mkdir(parents=True)
+        (tmp_path / name / "tests" / "test_x.py").write_text(text)
+        grader = {"type": "pytest", "fail_to_pass": ["tests/test_x.py::test_f"], "pass_to_pass": []}
+        task = _yaml_task(tmp_path / name, {**grader, "files": {"tests": "tests"}})
+        spec = task.spec.model_copy(
+            update={"oracle": ["printf 'def f():\\n    return 1\\n' > mod.py"]}
+        )
+        tasks[name] = task.model_copy(update={"spec": spec})
+
+    async def go(task: Task) -> Grade | GraderError:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "collect")
+        try:
+            return await env.evaluate(sandbox, task.instances[0])
+        except GraderError as e:
+            return e
+        finally:
+            await sandbox.close()
+
+    agents, nobodys = asyncio.run(go(tasks["agents"])), asyncio.run(go(tasks["nobodys"]))
+    assert isinstance(agents, Grade) and agents.reward == 0.0
+    assert agents.evidence.reference and agents.evidence.reference.startswith(
+        "with the reference solution the tests ran (reward 1"
+    )
+    assert isinstance(nobodys, DidNotRun)
+    assert "pytest could not collect" in str(nobodys)
+    assert "with the reference solution too" in str(nobodys)

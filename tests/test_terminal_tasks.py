@@ -464,7 +464,7 @@ def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(run_id: str) 
 
     error = asyncio.run(go())
     assert "No interpreter found for Python 3.13" in str(error)
-    assert "in an untouched sandbox too" in str(error)
+    assert "with the reference solution too" in str(error)
     assert error.fix and "need a Python the sandbox does not have" in error.fix
     assert any("GLIBC" in line for line in error.evidence.substitutions)
 

@@ -5,10 +5,12 @@ hash), starts a sandbox with the task's limits, copies `sandbox.files` in and ru
 setup commands. EVAL first seals the sandbox (every process the agent left is stopped,
 protected paths are put back as the image has them: `agentrl.sandbox.seal`), then
 copies `grader.files` in (only then, so the agent never saw them; root's, not writable
-by others) and grades. Tests that cannot run after the agent's changes are referred to
-an untouched sandbox of the same instance, once per instance: if they run there, the
-agent's changes stopped them (reward 0); if not, the grader cannot run its tests here
-(eval_error). Paths in the spec are relative to `task.base_dir`.
+by others) and grades. Tests that cannot run after the agent's changes (a missing runner,
+a crash, a collection error, nothing parsed, a timeout) are referred to where they should
+run: a sandbox of the same instance with the task's reference solution (an untouched one
+if the task has none), once per instance. If they run there, the agent's changes stopped
+them (reward 0); if not, the grader cannot run its tests here (eval_error). Paths in the
+spec are relative to `task.base_dir`.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class TaskEnv:
         self.run_id = run_id
         self._image: str | None = None
         self._image_lock = asyncio.Lock()
-        self._references: dict[str, Grade | GraderError] = {}
+        self._references: dict[str, tuple[str, Grade | GraderError]] = {}
         self._reference_locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -217,38 +219,48 @@ class TaskEnv:
                 )
         return "".join(outputs)
 
-    async def reference(self, instance: Instance) -> Grade | GraderError:
-        """The grade of an untouched sandbox of `instance` (INIT, then straight to grading),
-        or why it could not be graded either; made once per instance and kept."""
+    async def reference(self, instance: Instance) -> tuple[str, Grade | GraderError]:
+        """Where the tests of `instance` should run: a sandbox with the task's reference
+        solution (a fresh one if the task has none), graded; or why it could not be.
+        (where, result), made once per instance and kept."""
         async with self._reference_locks.setdefault(instance.id, asyncio.Lock()):
             if instance.id not in self._references:
                 sandbox = await self.init(instance, name=f"{instance.id}-reference")
+                where = "with the reference solution"
                 try:
+                    try:
+                        await self.run_oracle(sandbox, instance)
+                    except ConfigError:  # the task has no reference solution
+                        where = "in an untouched sandbox"
                     result: Grade | GraderError = await self.grade(sandbox, instance)
                 except GraderError as e:  # DidNotRun too
                     result = e
+                except SandboxError as e:  # the reference solution itself failed
+                    result = GraderError(f"the reference solution failed: {e}", fix=e.fix)
                 finally:
                     await sandbox.close()
-                self._references[instance.id] = result
+                self._references[instance.id] = (where, result)
             return self._references[instance.id]
 
     async def _referred(self, instance: Instance, failed: DidNotRun) -> Grade:
-        """Decide whose fault `failed` is by grading an untouched sandbox of the instance."""
+        """Decide whose fault `failed` is: if the tests run where they should (the reference
+        solution's sandbox), the agent's changes stopped them (reward 0); if not, they
+        cannot run here at all (DidNotRun, an eval_error)."""
         try:
-            reference = await self.reference(instance)
+            where, reference = await self.reference(instance)
         except SandboxError as e:  # not kept: the next failure asks again
-            reference = GraderError(f"an untouched sandbox did not start: {e}")
+            where, reference = "in a reference sandbox", GraderError(f"it did not start: {e}")
         evidence = failed.evidence
         if isinstance(reference, GraderError):
-            evidence.reference = f"in an untouched sandbox the tests did not run either: {reference}"
+            evidence.reference = f"{where} the tests did not run either: {reference}"
             raise DidNotRun(
-                f"{failed} (in an untouched sandbox too: {reference})",
+                f"{failed} ({where} too: {reference})",
                 evidence,
                 fix=failed.fix or reference.fix or f"run `agentrl check {self.task.path}`",
             )
         evidence.reference = (
-            f"in an untouched sandbox the tests ran (reward {reference.reward:g}, "
-            f"{_brief(reference)}): the agent's changes stopped them, so the reward is 0"
+            f"{where} the tests ran (reward {reference.reward:g}, {_brief(reference)}): "
+            "the agent's changes stopped them, so the reward is 0"
         )
         components = {"exit_code": evidence.exit_code, "tests_ran": False}
         return Grade(reward=0.0, components=components, evidence=evidence, seconds=0.0)

@@ -9,9 +9,9 @@ Every grade carries `Evidence`: the test command, its exit code, per-test status
 head and tail of its output, and what EVAL did first (processes stopped, protected
 paths restored, runtime substitutions). Three outcomes:
 - a `Grade`: the tests ran and said something about the agent's work;
-- `DidNotRun`: the test command could not run here (missing runner, crash by
-  signal, timeout, nothing parsed, no reward file). The environment decides whose
-  fault that was (`TaskEnv.evaluate` asks an untouched sandbox);
+- `DidNotRun`: the test command could not run here (missing runner, crash by signal,
+  timeout, a collection error, nothing parsed, no reward file). The environment decides
+  whose fault that was (`TaskEnv.evaluate` asks the reference solution's sandbox);
 - `GraderError`: the grader itself is broken; the episode is eval_error, never a 0.
 """
 
@@ -48,6 +48,7 @@ SIGNAL_EXITS |= {137: "SIGKILL (out of memory?)", 139: "SIGSEGV"}
 
 _PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
+_COLLECTION_ERROR = re.compile(r"^ERROR (\S+?)(?: - .*)?$|errors? during collection", re.M)
 _NODE_ID = re.compile(r"[^\s\[]+(?:\[.*?\])?(?=\s|$)")
 
 
@@ -229,6 +230,27 @@ def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
     return list(field)
 
 
+def collection_errors(log: str) -> list[str]:
+    """What pytest could not collect (a test file that fails to import), from its summary's
+    `ERROR path` lines (no `::`: no single test) and its "during collection" notice."""
+    found = []
+    for match in _COLLECTION_ERROR.finditer(log):
+        where = match.group(1)
+        if where is None:
+            found.append("errors during collection")
+        elif "::" not in where:
+            found.append(where)
+    return list(dict.fromkeys(found))
+
+
+def check_collected(log: str, evidence: Evidence) -> None:
+    """DidNotRun when pytest could not collect some tests (their file fails to import):
+    the tests did not run; where they should, the reference decides whose fault it is."""
+    errors = collection_errors(log)
+    if errors:
+        raise DidNotRun(f"pytest could not collect {', '.join(errors[:3])}", evidence)
+
+
 def count_tests(tests: dict[str, str], passing: Iterable[str] = PASSING) -> dict[str, int]:
     """`tests_passed` / `tests_failed` of a status map, for a trajectory's reward components."""
     ok = set(passing)
@@ -277,6 +299,8 @@ async def _pytest(
     found = parse_pytest_log(result.output, wanted)
     tests = {t: found.get(t, "MISSING") for t in wanted}
     evidence.tests = tests
+    if "MISSING" in tests.values():
+        check_collected(result.output, evidence)
     if not found.keys() & set(wanted):
         raise DidNotRun(
             f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed tests: "

@@ -65,6 +65,7 @@ from agentrl.tasks.graders import (
     DidNotRun,
     Evidence,
     Grade,
+    check_collected,
     listed_tests,
     ran,
     tail,
@@ -810,7 +811,10 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
             f"({spec.log_parser})",
             evidence,
         )
-    return resolution(spec.FAIL_TO_PASS, spec.PASS_TO_PASS, status_map, evidence, spec.eval_type)
+    graded = resolution(spec.FAIL_TO_PASS, spec.PASS_TO_PASS, status_map, evidence, spec.eval_type)
+    if "MISSING" in evidence.tests.values():  # tests that never ran: were they uncollectable?
+        check_collected(result.output, evidence)
+    return graded
 
 
 def _statuses(

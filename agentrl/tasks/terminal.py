@@ -42,9 +42,10 @@ from agentrl.sandbox.images import docker_client, folder_hash
 from agentrl.tasks import offline
 from agentrl.tasks.env import TaskEnv, put_path
 from agentrl.tasks.graders import (
+    DidNotRun,
     Evidence,
     Grade,
-    DidNotRun,
+    check_collected,
     parse_reward,
     ran,
     tail,
@@ -262,6 +263,7 @@ async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> Grade:
     evidence = ran(result, "run-tests.sh", "terminal-bench", command)
     tests = parse_tb_pytest(result.output)
     evidence.tests = tests
+    check_collected(result.output, evidence)
     if not tests:
         found = "no pytest summary" if not _SUMMARY.search(result.output) else "no test in it"
         raise DidNotRun(
@@ -307,6 +309,7 @@ async def grade_harbor(sandbox: Sandbox, instance: Instance) -> Grade:
     evidence = ran(result, "tests/test.sh", "harbor", f"{TESTS_DIR}/test.sh")
     tests = parse_tb_pytest(result.output)
     evidence.tests = tests
+    check_collected(result.output, evidence)
     try:
         data = await sandbox.read_file(f"{REWARD_DIR}/reward.txt")
     except SandboxFileNotFound:

@@ -502,3 +502,39 @@ def test_a_collection_error_is_the_agents_only_if_the_reference_solution_collect
     assert isinstance(nobodys, DidNotRun)
     assert "pytest could not collect" in str(nobodys)
     assert "with the reference solution too" in str(nobodys)
+
+
+def test_a_pytest_earlier_on_path_cannot_pass_for_the_real_one(tmp_path: Path, run_id: str) -> None:
+    """A grader that runs `pytest` from PATH: the agent's own pytest, put earlier on PATH,
+    prints a passing summary; unsealed it earns 1.0, sealed it is gone and the real tests
+    fail."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("def test_f():\n    assert False\n")
+    grader = {
+        "type": "pytest",
+        "command": "pytest -rA -p no:cacheprovider",
+        "fail_to_pass": ["tests/test_x.py::test_f"],
+        "pass_to_pass": [],
+        "files": {"tests": "tests"},
+    }
+    task = _yaml_task(tmp_path, grader)
+    summary = "=== short test summary info ===\\nPASSED tests/test_x.py::test_f\\n=== 1 passed ==="
+    fake = f"#!/bin/sh\nprintf '{summary}\\n'\n"
+
+    async def go(sealed: bool) -> Grade:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "pytest")
+        try:
+            await sandbox.write_file("/usr/local/bin/pytest", fake.encode(), mode=0o755)
+            if sealed:
+                return await env.evaluate(sandbox, task.instances[0])
+            return await env.grade(sandbox, task.instances[0])
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(go(sealed=False)).reward == 1.0
+    graded = asyncio.run(go(sealed=True))
+    assert graded.reward == 0.0 and graded.evidence.tests == {"tests/test_x.py::test_f": "FAILED"}
+    assert graded.evidence.sealed and graded.evidence.sealed.restored == [
+        "/usr/local/bin/pytest (added)"
+    ]

@@ -30,9 +30,9 @@ from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
 
 SETUP_TIMEOUT_S = 600.0
+"""Seconds each setup command may take."""
 EVAL_NETWORK = "AGENTRL_EVAL_NETWORK"
 """Names the Docker network that grading may use (tasks whose grader allows it)."""
-"""Seconds each setup command may take."""
 
 
 class EpisodeEnv(Protocol):

@@ -407,23 +407,24 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
 
 
 def _yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = _load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
 
 
 def _yaml_list(path: Path) -> list[Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = _load_yaml(path)
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a list at the top level")
     return data
+
+
+def _load_yaml(path: Path) -> object:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
 def _table(data: dict[str, Any], key: str) -> dict[str, Any]:

@@ -538,3 +538,32 @@ def test_a_pytest_earlier_on_path_cannot_pass_for_the_real_one(tmp_path: Path, r
     assert graded.evidence.sealed and graded.evidence.sealed.restored == [
         "/usr/local/bin/pytest (added)"
     ]
+
+
+def test_changes_read_from_the_upper_layer_are_what_docker_diff_says(run_id: str) -> None:
+    """Sealing reads the container's overlay upper layer on this machine (fast) instead of
+    asking the engine for `docker diff` (0.4 s here): the same paths and kinds, and a link
+    to / the agent made is not followed."""
+    from agentrl.sandbox.base import SandboxSpec
+    from agentrl.sandbox.docker import _KINDS, _upper_changes
+
+    async def go() -> tuple[set[tuple[str, str]], set[tuple[str, str]] | None]:
+        sandbox = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))
+        try:
+            script = (
+                "echo x > /usr/local/bin/new; echo y >> /etc/hostname.bak; rm /usr/bin/cmp;"
+                " ln -s / /root/everything; mkdir -p /opt/a/b; echo z > /opt/a/b/c"
+            )
+            await _sh(sandbox, script)
+            api = sandbox._api  # the engine's view, to compare with
+            info = api.inspect_container(sandbox.id)
+            engine = {(e["Path"], _KINDS[e["Kind"]]) for e in api.diff(sandbox.id)}
+            ours = _upper_changes(info)
+            return engine, None if ours is None else set(ours)
+        finally:
+            await sandbox.close()
+
+    engine, ours = asyncio.run(go())
+    assert ours is not None, "the overlay upper layer is readable on this machine"
+    assert ours == engine
+    assert ("/usr/bin/cmp", "deleted") in ours and ("/root/everything", "added") in ours

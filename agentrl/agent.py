@@ -72,7 +72,7 @@ class _Ledger:
         self.versions += [-1] * gap
 
 
-def _open_chat(
+def open_chat(
     task: Task, instance: Instance, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase
 ) -> ChatSession:
     messages = [
@@ -84,6 +84,22 @@ def _open_chat(
     return ChatSession(tokenizer, messages, tools=[schema(t) for t in tools.values()])
 
 
+PROMPT_FIX = (
+    "shorten the task's prompt (or the instance field it quotes), or raise limits.context_length"
+)
+
+
+def prompt_overflow(task: Task, chat: ChatSession) -> str | None:
+    """Why the episode's first prompt leaves no room to sample, or None when it fits."""
+    limits = task.spec.limits
+    if len(chat) < limits.context_length:
+        return None
+    return (
+        f"the first prompt is {len(chat):,} tokens; limits.context_length is "
+        f"{limits.context_length:,}: no room for a reply"
+    )
+
+
 def conversation(
     task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase, upto: int | None = None
 ) -> ChatSession:
@@ -91,7 +107,7 @@ def conversation(
     observations as recorded) through the chat template: what the model saw, as messages.
     With `upto=K`, only turns before K: the chat as it stood when turn K was sampled."""
     instance = next(i for i in task.instances if i.id == traj.group_id)
-    chat = _open_chat(task, instance, build_tools(task), tokenizer)
+    chat = open_chat(task, instance, build_tools(task), tokenizer)
     for turn in traj.turns[:upto]:
         sampled = traj.response_ids[turn.span[0] : turn.span[1]]
         if turn.finish_reason is not None:
@@ -142,7 +158,7 @@ class Episode:
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
         self.tools = env.tools()
-        self.chat = _open_chat(task, instance, self.tools, tokenizer)
+        self.chat = open_chat(task, instance, self.tools, tokenizer)
         self.ledger = _Ledger()
         self.sandbox: Sandbox | None = None
         self.reward: float | None = None
@@ -168,6 +184,9 @@ class Episode:
 
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
+        if (overflow := prompt_overflow(self.task, self.chat)) is not None:
+            self.fail(StopReason.aborted, f"{self.instance.id}: {overflow}", PROMPT_FIX)
+            return  # a task that cannot fit: no sandbox, never the agent's failure
         start = time.monotonic()
         try:
             retrying = AsyncRetrying(

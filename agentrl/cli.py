@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from agentrl import __version__
 from agentrl.errors import AgentRLError, ConfigError
@@ -28,9 +29,16 @@ from agentrl.errors import AgentRLError, ConfigError
 if TYPE_CHECKING:
     from agentrl.sandbox.base import SandboxProvider
 
+# No string is ever read as rich markup: paths, ids and messages print as written ("[/x]"
+# in a trajectory id is text); colour comes only from `_tag`.
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 log = logging.getLogger("agentrl")
+
+
+def _tag(label: str, style: str, text: str = "") -> Text:
+    """`label` in `style`, then `text` as written."""
+    return Text.assemble((label, style), " " + text if text else "")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -113,13 +121,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     failed, total = summary.infra_failures, summary.trajectories  # type: ignore[attr-defined]
     if failed:  # apart from the rewards: these episodes were not graded, and never trained on
         err_console.print(
-            f"[red]infrastructure failures:[/red] {failed} of {total} episodes (not graded, "
-            f"not counted in the reward): see `agentrl failures {out}`",
-            highlight=False,
+            _tag(
+                "infrastructure failures:",
+                "red",
+                f"{failed} of {total} episodes (not graded, not counted in the reward): "
+                f"see `agentrl failures {out}`",
+            )
         )
-        err_console.print(f"first: {summary.first_infra_error}", markup=False)  # type: ignore[attr-defined]
+        err_console.print(f"first: {summary.first_infra_error}")  # type: ignore[attr-defined]
         if summary.first_infra_fix:  # type: ignore[attr-defined]
-            err_console.print(f"fix: {summary.first_infra_fix}", markup=False)  # type: ignore[attr-defined]
+            err_console.print(f"fix: {summary.first_infra_fix}")  # type: ignore[attr-defined]
     return 1 if total and failed == total else 0
 
 
@@ -167,7 +178,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for row in bad:
         for what, outcome in (("oracle", row.oracle), ("no-op", row.noop)):
             if outcome.fix:
-                console.print(f"{row.instance} {what}: fix: {outcome.fix}", markup=False)
+                console.print(f"{row.instance} {what}: fix: {outcome.fix}")
     if args.json:
         data = json.dumps([r.model_dump() for r in rows], indent=2) + "\n"
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -185,19 +196,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agentrl.runner import load_any_task
     from agentrl.train_config import load_train_config
     from agentrl.trainer import Trainer
+    from agentrl.yamlfile import readable
 
     config = load_train_config(args.config)
-    if args.steps:
-        schedule = config.schedule.model_copy(update={"steps": args.steps})
-        config = config.model_copy(update={"schedule": schedule})
-    if args.servers:
-        from agentrl.train_config import ServersConfig
-
+    data = config.model_dump()
+    if args.steps is not None:
+        data["schedule"]["steps"] = args.steps
+    if args.servers is not None:
         urls = [u for u in args.servers.split(",") if u.strip()]
-        servers = config.servers or ServersConfig(urls=urls)
-        config = config.model_copy(update={"servers": servers.model_copy(update={"urls": urls})})
+        data["servers"] = {**(data["servers"] or {}), "urls": urls}
     if args.seed is not None:
-        config = config.model_copy(update={"seed": args.seed})
+        data["seed"] = args.seed
+    try:  # the flags are validated like the file: --steps 0 is refused, not ignored
+        config = type(config).model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = {"schedule": "--steps", "servers": "--servers", "seed": "--seed"}
+        raise ConfigError(
+            f"{flag.get(str(err['loc'][0]), 'a flag')}: {readable(err)}",
+            fix="give a value the train config itself could hold",
+        ) from None
     base = args.config.parent
     tasks = [load_any_task(base / t) for t in config.tasks]
     out = args.out or Path("runs") / config.name
@@ -225,6 +243,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note_divergence(turn: int) -> None:
+    err_console.print(_tag("note:", "yellow", f"turn {turn} diverged on the way"))
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from agentrl import replay
     from agentrl.trajectory import Trajectory
@@ -233,7 +255,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.shell:
         code, divergence = asyncio.run(replay.open_shell(run_dir, tid, k))
         if divergence is not None:
-            err_console.print(f"[yellow]note:[/yellow] turn {divergence.turn} diverged on the way")
+            err_console.print(
+                _tag("note:", "yellow", f"turn {divergence.turn} diverged on the way")
+            )
         return 0 if code in (0, 130) else code
     if args.policy:
         from agentrl.inference.embedded import load_tokenizer
@@ -250,7 +274,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
         traj, divergence = asyncio.run(go())
         if divergence is not None:
-            err_console.print(f"[yellow]note:[/yellow] turn {divergence.turn} diverged on the way")
+            err_console.print(
+                _tag("note:", "yellow", f"turn {divergence.turn} diverged on the way")
+            )
         console.print(
             f"branch {traj.trajectory_id} (from turn {k} of {tid}): {traj.stop_reason.value}, "
             f"reward {traj.reward}, {len(traj.turns)} turns -> {run_dir / replay.BRANCHES}"
@@ -264,13 +290,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     if report.divergence is None:
         console.print(
-            f"[green]matched[/green]: every replayed observation equals the recorded one "
-            f"(reward recorded {report.reward_recorded}, replayed {report.reward_replayed})"
+            _tag(
+                "matched:",
+                "green",
+                "every replayed observation equals the recorded one (reward recorded "
+                f"{report.reward_recorded}, replayed {report.reward_replayed})",
+            )
         )
         return 0
     d = report.divergence
-    console.print(f"[red]diverged[/red] at turn {d.turn} ({d.tool or 'no tool call'}):")
-    console.print(d.diff, markup=False, highlight=False)
+    console.print(_tag("diverged", "red", f"at turn {d.turn} ({d.tool or 'no tool call'}):"))
+    console.print(d.diff)
     return 3
 
 
@@ -292,16 +322,14 @@ def _cmd_failures(args: argparse.Namespace) -> int:
     console.print(table)
     for n, g in enumerate(groups, 1):
         first = g.trajectories[0]
-        console.print(
-            f"#{n} {g.stop_reason}, {g.outcome}: for example {first.trajectory_id}", markup=False
-        )
+        console.print(f"#{n} {g.stop_reason}, {g.outcome}: for example {first.trajectory_id}")
         if first.fix:
-            console.print(f"    fix: {first.fix}", markup=False)
+            console.print(f"    fix: {first.fix}")
         if g.grades[0] is not None:
             _print_evidence(g.grades[0])
         shown = g.trajectories if args.all else g.trajectories[:1]
         for t in shown:  # whole lines, never wrapped: they are for copying
-            console.print(f"#{n}  agentrl replay {args.run_dir} {t.trajectory_id}", markup=False)
+            console.print(f"#{n}  agentrl replay {args.run_dir} {t.trajectory_id}")
     failed = [t for g in groups for t in g.trajectories]
     kept = replay.snapshot_ids(failed)
     if kept:
@@ -321,9 +349,9 @@ def _print_evidence(path: Path, lines: int = 8) -> None:
     try:
         evidence = Evidence.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        console.print(f"    grade {path}: unreadable ({type(e).__name__})", markup=False)
+        console.print(f"    grade {path}: unreadable ({type(e).__name__})")
         return
-    say = lambda text: console.print(f"    {text}", markup=False, highlight=False)  # noqa: E731
+    say = lambda text: console.print(f"    {text}")  # noqa: E731
     say(f"grader {evidence.grader}: {evidence.command[:160]} -> exit {evidence.exit_code}")
     failed = [t for t, s in evidence.tests.items() if s not in ("PASSED", "XFAIL", "SKIPPED")]
     if evidence.tests:
@@ -367,8 +395,7 @@ def _print_first_conversation(path: Path, chars: int = 400) -> None:
     for message in first["messages"]:
         text = message["content"]
         text = text if len(text) <= chars else text[: chars // 2] + " [...] " + text[-chars // 2 :]
-        console.print(f"[bold]{message['role']}[/bold]: ", end="")
-        console.print(text, markup=False, highlight=False)
+        console.print(_tag(f"{message['role']}:", "bold", text))
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -413,12 +440,13 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         return text, seconds, len(c.token_ids), c.finish_reason, c.policy_version
 
     text, seconds, n, finish, version = asyncio.run(one())
-    console.print(f"[bold]user[/bold]: {args.prompt}")
-    console.print(f"[bold]{EMBEDDED_NAME}[/bold]: {text.strip()}")
+    console.print(_tag("user:", "bold", args.prompt))
+    console.print(_tag(f"{EMBEDDED_NAME}:", "bold", text.strip()))
     console.print(
-        f"[dim]{n} tokens in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tok/s), "
+        f"{n} tokens in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} tok/s), "
         f"finish_reason={finish}, policy_version={version}, "
-        f"prompt {len(session.prompt_ids)} tokens[/dim]"
+        f"prompt {len(session.prompt_ids)} tokens",
+        style="dim",
     )
     return 0
 
@@ -432,12 +460,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sampler = LocalSampler.embedded()
         tokenizer = load_tokenizer()
     server, url = serve(sampler, tokenizer, port=args.port)
-    console.print(f"serving {EMBEDDED_NAME} at {url}", markup=False)
+    console.print(f"serving {EMBEDDED_NAME} at {url}")
     root = url.removesuffix("/v1")
     console.print(
         f"use it with: agentrl run TASK --policy openai:{url}, or as one of the replicas of "
         f"agentrl train CONFIG --servers {root},...   (Ctrl-C stops)",
-        markup=False,
     )
     try:
         _wait_for_stop()
@@ -457,33 +484,23 @@ def _wait_for_stop() -> None:
 
 
 def _cmd_serve_tinker(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
     from agentrl.tinker_server.server import serve
 
-    try:
-        server = serve(
-            args.model,
-            name=args.name,
-            host=args.host,
-            port=args.port,
-            state_dir=args.state_dir,
-            max_models=args.max_models,
-            keep_samplers=args.keep_samplers,
-            api_key=args.api_key,
-        )
-    except AgentRLError as e:  # a bad --model, a taken port: the call was wrong, exit 2
-        if args.debug:
-            traceback.print_exc()
-        fix = f"; fix: {e.fix}" if e.fix else ""
-        err_console.print(f"[red]error:[/red] {escape(str(e) + fix)}")
-        return 2
+    server = serve(
+        args.model,
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        state_dir=args.state_dir,
+        max_models=args.max_models,
+        keep_samplers=args.keep_samplers,
+        api_key=args.api_key,
+    )
     config = server.service.config
-    console.print(f"serving the Tinker API for {config.name} at {server.url}", markup=False)
+    console.print(f"serving the Tinker API for {config.name} at {server.url}")
     console.print(
         f"use it with: tinker.ServiceClient(base_url={server.url!r}, api_key='tml-...'); "
         f"save_state writes to {config.state_dir}   (Ctrl-C stops)",
-        markup=False,
     )
     try:
         _wait_for_stop()
@@ -559,41 +576,51 @@ def _containers_by_node() -> dict[str, int]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from agentrl.tasks.load import is_task_path
-    from agentrl.trajectory import TrajectoryStore
+    fixes = [fix for path in args.files if (fix := _validate_one(path)) is not None]
+    for fix in dict.fromkeys(fixes):
+        err_console.print(_tag("fix:", "yellow", fix))
+    return 1 if fixes else 0
 
-    bad = 0
-    for path in args.files:
+
+def _validate_one(path: Path) -> str | None:
+    """Print what `path` is, or what is wrong with it; None if valid, else the fix."""
+    from agentrl.tasks.load import is_task_path
+    from agentrl.textfile import UnreadableFile, regular_file
+    from agentrl.trajectory import TrajectoryStore
+    from agentrl.yamlfile import ConfigFileError
+
+    try:
+        if path.exists() and not path.is_dir():  # a FIFO would block the readers below
+            regular_file(path)
         if path.suffix in (".json", ".jsonl") and _is_swe_bench(path):
             from agentrl.tasks.swe_bench import load_swe_bench
 
-            try:
-                rows = load_swe_bench(path)
-            except AgentRLError as e:
-                err_console.print(str(e), markup=False)
-                bad += 1
-            else:
-                what = f"{len(rows.instances)} instances, {rows.format} rows"
-                console.print(f"{path}: ok ({what})", markup=False)
+            rows = load_swe_bench(path)
+            console.print(f"{path}: ok ({len(rows.instances)} instances, {rows.format} rows)")
         elif path.suffix == ".jsonl":
-            try:
-                count = sum(1 for _ in TrajectoryStore(path).read())
-            except AgentRLError as e:
-                err_console.print(f"[red]{e}[/red]")
-                bad += 1
-            else:
-                console.print(f"{path}: {count} trajectories, all valid")
+            count = sum(1 for _ in TrajectoryStore(path).read())
+            console.print(f"{path}: {count} trajectories, all valid")
         elif path.suffix in (".yaml", ".yml") and _is_train_config(path):
             from agentrl.train_config import load_train_config
 
-            bad += not _check_config(path, lambda p: f"train config {load_train_config(p).name}")
+            console.print(f"{path}: ok (train config {load_train_config(path).name})")
         elif is_task_path(path):  # a .yaml/.yml task, or a task folder (load_task dispatches)
-            bad += not _check_config(path, _described)
+            console.print(f"{path}: ok ({_described(path)})")
         else:
             what = "a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)"
-            err_console.print(f"{path}: neither {what}", markup=False)
-            bad += 1
-    return 1 if bad else 0
+            err_console.print(f"{path}: neither {what}")
+            return "name a task file or folder, a train config, rows or trajectories"
+    except UnreadableFile as e:  # a FIFO, a folder, not UTF-8: before any parser
+        err_console.print(f"{e.path}:{e.line}: file: {e.reason}")
+        return e.fix
+    except ConfigFileError as e:  # TaskError included: each problem as file:line: field: ...
+        for problem in e.problems:
+            err_console.print(str(problem))
+        return e.fix or ConfigFileError.default_fix
+    except AgentRLError as e:
+        err_console.print(str(e))
+        return e.fix or "fix the file, then validate it again"
+    return None
 
 
 def _described(path: Path) -> str:
@@ -603,37 +630,21 @@ def _described(path: Path) -> str:
     return f"{len(task.instances)} instances, {task.format} task"
 
 
-def _check_config(path: Path, load: Callable[[Path], str]) -> bool:
-    """Print `path: ok (what load(path) says it is)`, or each problem as file:line: field:
-    message; whether the file is valid."""
-    from agentrl.yamlfile import ConfigFileError
-
-    try:
-        what = load(path)
-    except ConfigFileError as e:  # TaskError included
-        for problem in e.problems:
-            err_console.print(str(problem), markup=False, emoji=False)
-        return False
-    console.print(f"{path}: ok ({what})", markup=False, emoji=False)
-    return True
-
-
 def _is_train_config(path: Path) -> bool:
     """Train configs have a top-level `schedule:`; tasks never do."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    return any(line.startswith("schedule:") for line in text.splitlines())
+    from agentrl.textfile import MAX_BYTES
+
+    if not path.is_file() or path.stat().st_size > MAX_BYTES:
+        return False  # the task loader says what is wrong with it
+    return any(line.startswith(b"schedule:") for line in path.read_bytes().splitlines())
 
 
 def _is_swe_bench(path: Path) -> bool:
     """SWE-bench rows carry `instance_id`; trajectories carry `trajectory_id`."""
-    try:
-        with path.open(encoding="utf-8") as f:
-            head = f.read(4096)
-    except OSError:
+    if not path.is_file():
         return False
+    with path.open("rb") as f:
+        head = f.read(4096).decode("utf-8", errors="replace")
     return '"instance_id"' in head and '"trajectory_id"' not in head
 
 
@@ -825,16 +836,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentRLError as e:
         if args.debug:
             traceback.print_exc()
-        err_console.print(f"[red]error:[/red] {e}")
+        err_console.print(_tag("error:", "red", str(e)))
         if e.fix:
-            err_console.print(f"[yellow]fix:[/yellow] {e.fix}")
+            err_console.print(_tag("fix:", "yellow", e.fix))
         return 1
     except Exception as e:  # the CLI boundary: one line, traceback only with --debug
         if args.debug:
             traceback.print_exc()
         err_console.print(
-            f"[red]internal error:[/red] {type(e).__name__}: {e} (rerun with --debug for "
-            "the traceback, and report it)"
+            _tag(
+                "internal error:",
+                "red",
+                f"{type(e).__name__}: {e} (rerun with --debug for the traceback, and report it)",
+            )
         )
         return 2
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from agentrl.errors import AgentRLError
 
@@ -136,11 +137,11 @@ def print_report(checks: list[Check], console: Console) -> None:
     table.add_column("status")
     table.add_column("detail")
     for c in checks:
-        status = "[green]ok[/green]" if c.ok else "[red]missing[/red]"
+        status = Text("ok", "green") if c.ok else Text("missing", "red")
         table.add_row(c.name, status, c.detail)
     console.print(table)
     fixes = [c for c in checks if not c.ok and c.fix]
     for c in fixes:
-        console.print(f"[yellow]fix {c.name}:[/yellow] {c.fix}")
+        console.print(Text.assemble((f"fix {c.name}:", "yellow"), f" {c.fix}"))
     if not fixes:
-        console.print("[green]everything agentrl needs is here[/green]")
+        console.print("everything agentrl needs is here", style="green")

@@ -291,6 +291,11 @@ def failures(run_dir: Path) -> list[FailureGroup]:
     largest group first."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run folder", fix="pass a folder `agentrl run` wrote")
+    if not run_files(run_dir):
+        raise ConfigError(
+            f"{run_dir}: holds no trajectories (no trajectories.jsonl, eval/ or branches)",
+            fix="pass a folder `agentrl run` or `agentrl train` wrote",
+        )
     groups: dict[tuple[str, str], list[tuple[Trajectory, Path | None]]] = defaultdict(list)
     for path in run_files(run_dir):
         for traj in TrajectoryStore(path):

@@ -23,6 +23,7 @@ from agentrl.agent import Episode, conversation
 from agentrl.dispatch import make_dispatcher
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
+from agentrl.preflight import preflight
 from agentrl.registry import resolve
 from agentrl.tasks.spec import SnapshotPolicy, Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
@@ -205,10 +206,11 @@ async def run_task(
     snapshots: SnapshotPolicy | None = None,
 ) -> RunSummary:
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
+    env = make_env(task, provider, run_id)
+    await preflight([env], sampler, tokenizer)  # before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out_dir / "trajectories.jsonl")
     conversations = out_dir / "conversations.jsonl"
-    env = make_env(task, provider, run_id)
     write_run_info(out_dir, RunInfo(run_id=run_id, provider=provider.name, tasks=[task.path]))
     episodes = [
         Episode(task, inst, k, sampler, tokenizer, env, snapshots=snapshots)

@@ -9,7 +9,7 @@ trained on.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -20,6 +20,9 @@ from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.tasks.spec import SnapshotPolicy
+
+if TYPE_CHECKING:
+    from agentrl.yamlfile import YamlFile
 
 
 class _Model(BaseModel):
@@ -191,7 +194,22 @@ class TrainConfig(_Model):
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
-    """The validated config, or ConfigFileError listing every problem with its line."""
+    """The validated config, or ConfigFileError listing every problem with its line.
+
+    A `model:` folder resolves beside the config file (as `tasks:` do) and must exist."""
     from agentrl.yamlfile import load_model
 
-    return load_model(Path(path), TrainConfig, what="train config")
+    def model_folder(config: TrainConfig, file: YamlFile) -> TrainConfig:
+        if config.model == "embedded":
+            return config
+        folder = Path(path).parent / config.model
+        if not folder.is_dir():
+            file.add(
+                ("model",),
+                f"model folder {config.model!r} not found ({folder.resolve()}): give 'embedded' "
+                "or a folder with the model's config.json and weights (nothing is downloaded)",
+            )
+            return config
+        return config.model_copy(update={"model": str(folder.resolve())})
+
+    return load_model(Path(path), TrainConfig, what="train config", check=model_folder)

@@ -64,6 +64,7 @@ from agentrl.dispatch.core import Feed, cancel_and_wait
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.inference.local import model_tokenizer
+from agentrl.preflight import preflight
 from agentrl.runner import RunInfo, make_env, write_atomic, write_run_info
 from agentrl.tasks.env import EpisodeEnv
 from agentrl.train_config import AsyncSchedule
@@ -197,8 +198,17 @@ class Trainer:
         self._stored = 0  # trajectories written
 
     async def run(self, *, resume: bool = False) -> dict[str, Any]:
-        """Train; returns the summary (empty on torchrun ranks other than 0)."""
+        """Train; returns the summary (empty on torchrun ranks other than 0).
+
+        With `resume`, a run with no complete checkpoint is refused (ConfigError), never
+        silently started over."""
         cfg = self.config
+        if resume and latest_checkpoint(self.ckpt_root) is None:
+            raise ConfigError(
+                f"--resume: no complete checkpoint in {self.ckpt_root}",
+                fix="start from step 0 without --resume (add --overwrite to replace the "
+                "folder), or point --out at the run to continue",
+            )
         backend_cfg = cfg.backend.model_copy(
             update={"temperature": self.temperature, "seed": cfg.seed}
         )
@@ -275,15 +285,12 @@ class Trainer:
             sampler = self._given_sampler or await self._sampler(backend, stack)
             stack.push_async_callback(sampler.close)
             envs = await self._envs(stack)
+            await preflight(envs, sampler, tokenizer)
             resumed: dict[str, Any] = {}
             if resume and (path := latest_checkpoint(self.ckpt_root)) is not None:
                 resumed = await self._on_learner(backend.load_checkpoint, path)
                 self._truncate(resumed)
                 log.info("resumed from %s at step %d", path, resumed["step"])
-            elif resume:
-                log.info(
-                    "--resume: no complete checkpoint in %s; starting at step 0", self.ckpt_root
-                )
             else:
                 self._fresh()
             info = RunInfo(run_id=self.run_id, provider=cfg.provider, tasks=self.task_paths)

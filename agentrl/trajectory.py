@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from agentrl.errors import TrajectoryError
+from agentrl.errors import ConfigError, TrajectoryError, first_line
+from agentrl.textfile import regular_file
 
 SCHEMA_VERSION = 1
 
@@ -241,6 +242,10 @@ class Trajectory(_Strict):
             raw = json.loads(line)
         except json.JSONDecodeError as e:
             raise TrajectoryError(f"{prefix}not valid JSON ({e.msg} at column {e.colno})") from e
+        except RecursionError:
+            raise TrajectoryError(f"{prefix}not a trajectory: JSON nested too deeply") from None
+        except ValueError as e:  # e.g. an integer of more digits than Python reads
+            raise TrajectoryError(f"{prefix}not valid JSON ({first_line(e)})") from None
         if not isinstance(raw, dict):
             raise TrajectoryError(f"{prefix}a trajectory must be a JSON object")
         tid = raw.get("trajectory_id", "?")
@@ -312,13 +317,21 @@ class TrajectoryStore:
             raise TrajectoryError(
                 f"{self.path}: no such trajectory file", fix="check the path or the run directory"
             )
-        with self.path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
+        try:
+            regular_file(self.path, what="trajectory file")
+        except ConfigError as e:
+            raise TrajectoryError(e.message, fix="check the path or the run directory") from None
+        with self.path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                if not raw.strip():
                     continue
                 where = f"{self.path}:{lineno}"
-                if not line.endswith("\n"):
+                if not raw.endswith(b"\n"):
                     where += " (last line, torn: was its writer killed?)"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise TrajectoryError(f"{where}: not UTF-8 text (offset {e.start})") from None
                 yield Trajectory.from_json(line, where=where)
 
 

@@ -15,7 +15,7 @@ import difflib
 import json
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from agentrl.errors import ConfigError
+from agentrl.textfile import UnreadableFile, read_text
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -53,13 +54,25 @@ class ConfigFileError(ConfigError):
         self.problems = list(problems)
 
 
-def load_model(path: str | Path, model: type[M], *, what: str) -> M:
-    """The `model` validated from the YAML file at `path`; raises ConfigFileError listing all."""
+def load_model(
+    path: str | Path,
+    model: type[M],
+    *,
+    what: str,
+    check: Callable[[M, YamlFile], M] | None = None,
+) -> M:
+    """The `model` validated from the YAML file at `path`; raises ConfigFileError listing all.
+
+    `check`, given the valid model and the file, adds what only the reader knows (a
+    folder that must exist) as problems at their lines, and returns the model to use.
+    """
     fields = model.model_fields
     keys = sorted(fields, key=lambda name: not fields[name].is_required())[:3]
     file = YamlFile(Path(path), what=what, keys=keys)
     data = file.parse()
     result = file.validate(model, data) if data is not None else None
+    if result is not None and check is not None:
+        result = check(result, file)
     if result is None or file.problems:
         raise ConfigFileError(file.sorted_problems())
     return result
@@ -97,10 +110,9 @@ class YamlFile:
     def parse(self) -> dict[str, Any] | None:
         """The top-level mapping (duplicate keys become problems); None when there is none."""
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            what = "file not found" if isinstance(e, FileNotFoundError) else f"cannot read: {e}"
-            self.add((), what, line=1)
+            text = read_text(self.path)
+        except UnreadableFile as e:
+            self.add((), e.reason, line=e.line)
             return None
         try:
             self.root, data = compose(text)
@@ -123,10 +135,15 @@ class YamlFile:
     def validate(self, model: type[M], data: object) -> M | None:
         """`data` as a `model`; on failure None, each schema error a problem at its line."""
         try:
-            return model.model_validate(data)
+            result = model.model_validate(data)
         except ValidationError as e:
             self._schema_problems(model, e.errors(), data)
             return None
+        # pydantic reads true as 1: a count or a limit written as a yes/no is a mistake.
+        flagged = list(_bools_as_numbers(result, data, ()))
+        for loc in flagged:
+            self.add(loc, f"should be a number, got {str(_get(data, loc)).lower()}")
+        return None if flagged else result
 
     def sorted_problems(self) -> list[Problem]:
         """The problems without repeats, this file's first, each file's by line."""
@@ -167,14 +184,84 @@ class YamlFile:
 # --- YAML with positions ---------------------------------------------------------------
 
 
+MAX_NODES = 1_000_000
+"""Values in a YAML document with every alias expanded: beyond, it is an alias bomb."""
+MAX_DEPTH = 100
+"""How deeply a YAML document may nest: no config comes near it; a hostile one may."""
+
+
 def compose(text: str) -> tuple[yaml.Node | None, Any]:
-    """The node tree (for lines) and the data of one YAML document; raises yaml.YAMLError."""
+    """The node tree (for lines) and the data of one YAML document; raises yaml.YAMLError.
+
+    A document is refused before it is built when its aliases would expand past
+    MAX_NODES values ("billion laughs"), when it nests deeper than MAX_DEPTH, or when an
+    alias refers to a node that contains it; a scalar Python cannot build (an integer of
+    5,000 digits, the 13th month) is an error too, never a crash.
+    """
     loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise _refused(None, f"nested too deeply (more than {MAX_DEPTH} levels)") from None
+        if node is None:
+            return None, None
+        _check_shape(node)
+        try:
+            return node, loader.construct_document(node)
+        except (ValueError, OverflowError) as e:
+            raise _refused(None, f"a value cannot be read: {one_line(e)}") from None
     finally:
         loader.dispose()
+
+
+def _refused(node: yaml.Node | None, problem: str) -> yaml.MarkedYAMLError:
+    mark = node.start_mark if node is not None else None
+    return yaml.MarkedYAMLError(problem=problem, problem_mark=mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_shape(root: yaml.Node) -> None:
+    """Raise when the document, aliases expanded, is too big, too deep or cyclic.
+
+    One pass over the node graph (an alias is the same node object reached twice), each
+    node's expanded size and depth computed once from its children's.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    opened: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            opened.discard(key)
+            if depth[key] > MAX_DEPTH:
+                raise _refused(node, f"nested too deeply (more than {MAX_DEPTH} levels)")
+            if size[key] > MAX_NODES:
+                raise _refused(
+                    node,
+                    f"its aliases expand to more than {MAX_NODES:,} values (an alias bomb?): "
+                    "write the values out, or use fewer aliases",
+                )
+            continue
+        if key in size:
+            continue
+        if key in opened:
+            raise _refused(node, "an alias refers to a node that contains it")
+        opened.add(key)
+        stack.append((node, True))
+        stack += [(k, False) for k in _children(node) if id(k) not in size]
 
 
 def yaml_error(e: yaml.YAMLError, text: str) -> tuple[int, str]:
@@ -212,7 +299,14 @@ def _find(root: yaml.Node | None, loc: Loc) -> tuple[int, yaml.Node | None]:
     return line, node
 
 
-def _duplicate_keys(node: yaml.Node | None, loc: Loc) -> list[tuple[Loc, int, int]]:
+def _duplicate_keys(
+    node: yaml.Node | None, loc: Loc, seen: set[int] | None = None
+) -> list[tuple[Loc, int, int]]:
+    """Keys given twice in one mapping; a node reached again through an alias is not rewalked."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:
+        return []
+    seen.add(id(node))
     out: list[tuple[Loc, int, int]] = []
     if isinstance(node, yaml.MappingNode):
         first: dict[str, int] = {}
@@ -221,10 +315,10 @@ def _duplicate_keys(node: yaml.Node | None, loc: Loc) -> list[tuple[Loc, int, in
             if isinstance(k, yaml.ScalarNode) and key in first:
                 out.append(((*loc, key), line, first[key]))
             first.setdefault(key, line)
-            out += _duplicate_keys(v, (*loc, key))
+            out += _duplicate_keys(v, (*loc, key), seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            out += _duplicate_keys(item, (*loc, i))
+            out += _duplicate_keys(item, (*loc, i), seen)
     return out
 
 
@@ -265,6 +359,33 @@ def _walk(model: type[BaseModel], loc: Loc) -> _Where:
             w.path.append(elem)
             tp = get_args(tp)[-1] if get_origin(tp) in (list, dict) else Any
     return w
+
+
+def _bools_as_numbers(value: object, data: object, loc: Loc) -> Iterator[Loc]:
+    """Where `data` gave true/false for a field `value`'s model declares a number."""
+    if isinstance(value, BaseModel) and isinstance(data, dict):
+        for name, info in type(value).model_fields.items():
+            if name not in data:
+                continue
+            given = data[name]
+            if isinstance(given, bool) and _is_number(info.annotation):
+                yield (*loc, name)
+            else:
+                yield from _bools_as_numbers(getattr(value, name), given, (*loc, name))
+    elif isinstance(value, list) and isinstance(data, list):
+        for i, (v, d) in enumerate(zip(value, data, strict=False)):
+            yield from _bools_as_numbers(v, d, (*loc, i))
+    elif isinstance(value, dict) and isinstance(data, dict):
+        for key in data:
+            if key in value:
+                yield from _bools_as_numbers(value[key], data[key], (*loc, key))
+
+
+def _is_number(tp: Any) -> bool:
+    members = [m for m in get_args(tp) if m is not type(None)] if get_origin(tp) else [tp]
+    if get_origin(tp) not in (None, Union, types.UnionType):
+        return False
+    return bool(members) and all(m in (int, float) for m in members)
 
 
 def _is_extra(e: ErrorDetails, w: _Where) -> bool:

@@ -148,9 +148,10 @@ def test_cli_bad_tasks_one_line_per_problem_and_no_traceback():
     res = _run(GOOD, *files)
     assert res.returncode == 1
     assert "Traceback" not in res.stdout + res.stderr
-    lines = res.stderr.splitlines()
+    *lines, fix = res.stderr.splitlines()
     assert len(lines) == sum(len(v) for v in CASES.values()), res.stderr
     assert all(line.startswith(str(BAD)) for line in lines), res.stderr
+    assert fix.startswith("fix: "), res.stderr
     assert res.stdout.strip() == f"{GOOD}: ok (2 instances, agentrl task)"
 
 
@@ -163,6 +164,7 @@ def test_cli_reports_every_problem_of_one_file():
         [f"{path}:5", "sandbox.imgae"],
         [f"{path}:22", "limits.max_turns"],
         [f"{path}:28", "grader.type"],
+        ["fix", "fix each problem above, then check again with"],
     ]
 
 
@@ -174,6 +176,8 @@ def test_cli_rejects_what_is_neither_task_nor_trajectories(tmp_path):
         f"{tmp_path}/notes.txt: neither a task (.yaml/.yml, a folder with task.yaml) nor "
         "trajectories (.jsonl)",
         f"{tmp_path}/missing.yaml:1: task: file not found",
+        "fix: name a task file or folder, a train config, rows or trajectories",
+        "fix: fix each problem above, then check again with: agentrl validate FILE",
     ]
 
 

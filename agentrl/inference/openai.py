@@ -185,6 +185,10 @@ class OpenAISampler:
         self.stats.completions += 1
         return completion
 
+    async def check(self) -> None:
+        """Raise SamplerError (with its fix) unless the server answers and names a model."""
+        await self._model_name()
+
     async def close(self) -> None:
         """Close the HTTP client; safe to call twice."""
         await self._client.close()

@@ -204,6 +204,20 @@ class Router:
         )
         return await asyncio.wrap_future(future)
 
+    async def check(self) -> None:
+        """Raise SamplerError unless some replica answers its health check now."""
+
+        async def probe() -> None:
+            await asyncio.gather(*(self._check(r) for r in self.replicas))
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(probe(), self._loop))
+        if not any(r.usable for r in self.replicas):
+            down = "; ".join(f"{r.name}: {r.quarantined or 'no answer'}" for r in self.replicas)
+            raise SamplerError(
+                f"no replica of the router can serve ({down})",
+                fix="start the servers (agentrl serve, or vllm serve MODEL) and check the URLs",
+            )
+
     async def close(self) -> None:
         """Stop health checks, close every connection, stop the loop; safe twice."""
         await asyncio.to_thread(self.close_sync)

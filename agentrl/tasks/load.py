@@ -37,6 +37,7 @@ from agentrl.tasks.spec import (
     TaskSpec,
     ToolConfig,
 )
+from agentrl.textfile import UnreadableFile, read_text
 from agentrl.tools.base import REGISTRY, tool_class
 from agentrl.yamlfile import (
     ConfigFileError,
@@ -55,6 +56,8 @@ __all__ = ["Problem", "TaskError", "check_task", "is_task_path", "load_task", "p
 
 TASK_SUFFIXES = (".yaml", ".yml")
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".csv")
+BYTES_PER_TOKEN = 32
+"""More bytes per token than any tokenizer packs into a prompt of text (3-5 is usual)."""
 
 
 class TaskError(ConfigFileError):
@@ -146,6 +149,8 @@ class _Loader(YamlFile):
         self._tools(spec)
         self._files(spec)
         self._grader(spec, instances)
+        if not self.problems:
+            self._prompt_sizes(spec, instances)
         if self.problems:
             return None, self.sorted_problems()
         task = Task(
@@ -198,12 +203,15 @@ class _Loader(YamlFile):
         if path.suffix not in INSTANCE_SUFFIXES:
             self.add(("instances",), f"{name!r}: an instances file is {_or(INSTANCE_SUFFIXES)}")
             return None
+        if not self._beside(name, ("instances",)):
+            return None
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            missing = isinstance(e, FileNotFoundError)
-            msg = f"{name!r} not found (looked for {path})" if missing else one_line(e)
-            self.add(("instances",), msg)
+            text = read_text(path, what="instances file")
+        except UnreadableFile as e:
+            if not path.exists():
+                self.add(("instances",), f"{name!r} not found (looked for {path})")
+            else:
+                self.add(("instances",), f"{name!r}: {e.reason}", line=e.line, file=str(path))
             return None
         reader = {".jsonl": _rows_jsonl, ".json": _rows_json, ".csv": _rows_csv}.get(path.suffix)
         try:
@@ -237,10 +245,15 @@ class _Loader(YamlFile):
                 continue
             for name, newlines, after_dollar in names:
                 line = self.line_in(loc, newlines)
-                base = re.split(r"[.\[]", name, maxsplit=1)[0]
+                base = re.split(r"[.\[:!]", name, maxsplit=1)[0]
                 if not base or base.isdigit():
                     hint = "use {field}, or {{ }} for literal braces"
                     self.add(loc, f"placeholder {{{name}}} names no field: {hint}", line=line)
+                    continue
+                if name != base:
+                    hint = "no format spec, conversion, attribute or index; {{ }} for braces"
+                    msg = f"placeholder {{{name}}}: only plain {{field}} placeholders are filled"
+                    self.add(loc, f"{msg} ({hint})", line=line)
                     continue
                 lacking = [inst for inst in instances if base != "id" and base not in inst.fields]
                 if not lacking:
@@ -256,6 +269,20 @@ class _Loader(YamlFile):
                 if after_dollar:
                     msg += f"; for a shell variable write ${{{{{base}}}}}"
                 self.add(loc, msg, line=line)
+
+    def _prompt_sizes(self, spec: TaskSpec, instances: list[Instance]) -> None:
+        # Without the run's tokenizer, only what cannot fit any: over BYTES_PER_TOKEN bytes
+        # a token. `agentrl run` and `train` count the real tokens before the first episode.
+        limit = BYTES_PER_TOKEN * spec.limits.context_length
+        for inst in instances:
+            size = sum(
+                len(inst.render(t).encode()) for t in (spec.prompt.system, spec.prompt.instance)
+            )
+            if size > limit:
+                msg = f"instance {inst.id!r}: the prompt is {size:,} bytes, which cannot fit "
+                msg += f"limits.context_length ({spec.limits.context_length:,} tokens)"
+                self.add(("prompt", "instance"), f"{msg}: shorten it or raise the limit")
+                return
 
     def _tools(self, spec: TaskSpec) -> None:
         seen: dict[str, int] = {}
@@ -316,13 +343,29 @@ class _Loader(YamlFile):
             except Exception:  # an annotation pydantic cannot check: the constructor will
                 continue
 
+    def _beside(self, name: str, loc: Loc) -> bool:
+        """Whether `name` stays inside the task's folder (links followed); else a problem."""
+        base = self.base.resolve()
+        where = (base / name).resolve()
+        if Path(name).is_absolute() or not where.is_relative_to(base):
+            msg = f"{name!r} is outside the task's folder ({base}): paths in a task stay inside it"
+            self.add(loc, f"{msg}; copy what it needs beside the task")
+            return False
+        return True
+
     def _files(self, spec: TaskSpec) -> None:
         for section, files in (("sandbox", spec.sandbox.files), ("grader", spec.grader.files)):
             for dest, src in files.items():
-                if not (self.base / src).exists():
-                    msg = f"{src!r} not found beside the task (looked for {self.base / src})"
-                    self.add((section, "files", dest), msg)
-        if recipe := spec.sandbox.recipe:
+                loc: Loc = (section, "files", dest)
+                path = self.base / src
+                if not self._beside(src, loc):
+                    continue
+                if not path.exists():
+                    msg = f"{src!r} not found beside the task (looked for {path})"
+                    self.add(loc, msg)
+                elif not (path.is_file() or path.is_dir()):
+                    self.add(loc, f"{src!r} is not a regular file or folder (a FIFO, a device?)")
+        if (recipe := spec.sandbox.recipe) and self._beside(recipe, ("sandbox", "recipe")):
             folder = self.base / recipe
             if not folder.is_dir():
                 self.add(("sandbox", "recipe"), f"recipe folder {recipe!r} not found ({folder})")
@@ -389,8 +432,10 @@ _FILL_PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
 def _format_names(text: str) -> list[tuple[str, int, bool]]:
     """Placeholders as str.format reads them (the prompts); ValueError for a stray brace."""
     out, newlines, seen = [], 0, set()
-    for literal, name, _spec, _conv in string.Formatter().parse(text):
+    for literal, field, spec, conversion in string.Formatter().parse(text):
         newlines += literal.count("\n")
+        name = None if field is None else field + (f"!{conversion}" if conversion else "")
+        name = name + f":{spec}" if name is not None and spec else name
         if name is not None and name not in seen:
             seen.add(name)
             out.append((name, newlines, literal.endswith("$")))

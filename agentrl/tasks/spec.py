@@ -8,6 +8,7 @@ tools that exist, files that exist) live in `agentrl.tasks.load`.
 
 from __future__ import annotations
 
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -30,6 +31,12 @@ class SandboxConfig(_Model):
     cpus: float = Field(default=1.0, gt=0, description="CPU limit (cores)")
     memory_mb: int = Field(default=2048, ge=64, description="memory limit (MiB)")
     pids: int = Field(default=512, ge=16, description="process limit")
+    disk_mb: int = Field(
+        default=10240,
+        ge=64,
+        description="disk limit (MiB) on what the agent writes in the sandbox; past it the "
+        "command writing is stopped and the agent told to delete files",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
     setup: list[str] = Field(
         default_factory=list, description="commands run at INIT, before the agent's first turn"
@@ -213,8 +220,22 @@ class Instance(_Model):
     fields: dict[str, Any] = Field(default_factory=dict)
 
     def render(self, template: str) -> str:
-        """`template` with `{field}` placeholders (and `{id}`) filled; `{{` is a literal brace."""
-        return template.format_map({**self.fields, "id": self.id})
+        """`template` with `{field}` placeholders (and `{id}`) filled; `{{` is a literal brace.
+
+        Only plain names are filled: a format spec, conversion, attribute or index
+        (`{f:d}`, `{f!r}`, `{f.stem}`, `{f[0]}`) is a ValueError, never code run on a
+        field's value (`agentrl validate` reports them at their line).
+        """
+        values = {**self.fields, "id": self.id}
+        out = []
+        for literal, name, spec, conversion in string.Formatter().parse(template):
+            out.append(literal)
+            if name is None:
+                continue
+            if spec or conversion or not name.isidentifier():
+                raise ValueError(f"placeholder {{{name}}}: only plain {{field}} placeholders")
+            out.append(str(values[name]))
+        return "".join(out)
 
 
 class Task(_Model):

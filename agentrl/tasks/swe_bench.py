@@ -81,6 +81,7 @@ from agentrl.tasks.spec import (
     Task,
     TaskSpec,
 )
+from agentrl.textfile import regular_file
 
 Format = Literal["swe-bench", "swe-gym", "swe-smith", "r2e-gym"]
 
@@ -276,7 +277,7 @@ def load_swe_bench(path: Path | str, *, ids: list[str] | None = None) -> Task:
 
     A malformed row raises ConfigError naming the file, the line, the instance and the field.
     """
-    file = Path(path).resolve()
+    file = regular_file(Path(path), what="rows file").resolve()
     try:
         data = file.read_bytes()
     except OSError as exc:

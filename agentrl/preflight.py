@@ -1,0 +1,86 @@
+"""Before the first episode: refuse a run that cannot work, with one line and its fix.
+
+What can be known before any episode starts is checked once, so a missing image, a
+setup command that fails, a policy server that is not up, or a prompt longer than the
+context is one error and exit 1 instead of a run of N infrastructure failures:
+
+1. every instance's first prompt fits `limits.context_length` (the run's tokenizer);
+2. the policy answers, for samplers that talk to a server (`check()`);
+3. each task's first instance goes through INIT (image, files, setup) and is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agentrl.agent import PROMPT_FIX, open_chat, prompt_overflow
+from agentrl.errors import AgentRLError, ConfigError, SandboxError
+from agentrl.tasks.env import build_tools
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.inference.base import Sampler
+    from agentrl.tasks.env import EpisodeEnv
+    from agentrl.tasks.spec import Task
+
+log = logging.getLogger(__name__)
+
+INIT_TIMEOUT = 900.0
+"""Seconds the trial INIT may take (an image built from a recipe, a long setup)."""
+
+
+def check_prompts(task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
+    """ConfigError naming the instances whose first prompt leaves no room to sample."""
+    tools = build_tools(task)
+    over = []
+    for instance in task.instances:
+        overflow = prompt_overflow(task, open_chat(task, instance, tools, tokenizer))
+        if overflow is not None:
+            over.append(f"{instance.id}: {overflow}")
+    if over:
+        more = f" (and {len(over) - 1} more instance(s))" if len(over) > 1 else ""
+        raise ConfigError(f"{task.path}: instance {over[0]}{more}", fix=PROMPT_FIX)
+
+
+async def preflight(
+    envs: Sequence[EpisodeEnv], sampler: Sampler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Raise the first reason the run cannot work (an AgentRLError with its fix)."""
+    for env in envs:
+        check_prompts(env.task, tokenizer)
+    check = getattr(sampler, "check", None)  # samplers behind HTTP say whether they answer
+    if check is not None:
+        await check()
+    for env in envs:
+        await _trial_init(env)
+
+
+async def _trial_init(env: EpisodeEnv) -> None:
+    task = env.task
+    instance = task.instances[0]
+    sandbox = None
+    try:
+        async with asyncio.timeout(INIT_TIMEOUT):
+            sandbox = await env.init(instance, name=f"preflight-{instance.id}")
+    except TimeoutError:
+        raise SandboxError(
+            f"{task.spec.name}: INIT of instance {instance.id} took over {INIT_TIMEOUT:g} s "
+            "before any episode started",
+            fix="check the task's image and setup commands (agentrl check TASK runs them)",
+        ) from None
+    except AgentRLError as e:
+        raise SandboxError(
+            f"{task.spec.name}: INIT of instance {instance.id} failed before any episode "
+            f"started: {e}",
+            fix=e.fix or "check the task's image and setup commands",
+        ) from e
+    finally:
+        if sandbox is not None:
+            try:
+                await sandbox.close()
+            except AgentRLError as e:  # the reaper removes it; the run can still go
+                log.warning("preflight sandbox of %s did not close: %s", task.spec.name, e)

@@ -247,6 +247,8 @@ class Episode:
         if self.failed or self.sandbox is None:
             return
         start = time.monotonic()
+        # RUN is over: the tools go first, so no shell or watch of theirs acts during EVAL.
+        await close_tools(self.tools)
         try:
             async with asyncio.timeout(timeout):
                 grade = await self.env.evaluate(self.sandbox, self.instance)
@@ -459,9 +461,14 @@ async def act(
     return obs
 
 
-async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
+async def close_tools(tools: dict[str, Tool]) -> None:
+    """Close every tool (idempotent): its shells, browsers and watches end."""
     for tool in tools.values():
         with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
             await tool.close()
+
+
+async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
+    await close_tools(tools)
     if sandbox is not None:
         await sandbox.close()

@@ -326,13 +326,17 @@ class TrajectoryStore:
                 if not raw.strip():
                     continue
                 where = f"{self.path}:{lineno}"
-                if not raw.endswith(b"\n"):
-                    where += " (last line, torn: was its writer killed?)"
                 try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise TrajectoryError(f"{where}: not UTF-8 text (offset {e.start})") from None
-                yield Trajectory.from_json(line, where=where)
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise TrajectoryError(f"{where}: not UTF-8 (offset {e.start})") from None
+                    yield Trajectory.from_json(line, where=where)
+                except TrajectoryError as e:
+                    if raw.endswith(b"\n"):
+                        raise
+                    torn = f"{e.message} (the last line, torn: was its writer killed?)"
+                    raise TrajectoryError(torn, fix=e.fix) from e
 
 
 def _ends_torn(fd: int) -> bool:

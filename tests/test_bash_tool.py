@@ -204,3 +204,39 @@ def test_no_container_is_left_behind() -> None:
     finally:
         client.close()
     assert left == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_processes_left_beyond_the_allowance_are_stopped(kind: str) -> None:
+    async def body(box: Sandbox, bash: BashTool) -> None:
+        strict = BashTool(timeout=10, max_background=1)
+        try:
+            obs = await strict(box, command="cd /tmp; sleep 1000 & echo started")
+            assert obs.text.endswith("started\n") and not obs.error  # one may stay
+            obs = await strict(box, command="pwd; jobs | wc -l")
+            assert obs.text == "/tmp\n1\n"
+            obs = await strict(box, command="sleep 1001 & sleep 1002 & echo two-more")
+            assert obs.error and "3 processes were left running (at most 1 may stay)" in obs.text
+            assert "every process the agent started was stopped" in obs.text
+            obs = await strict(box, command="pwd; ps -eo args | grep -c '^sleep 10'")
+            assert obs.text.splitlines()[1:] == ["0", "[exit code 1]"], obs.text
+            assert obs.text.splitlines()[0] != "/tmp"  # a new shell, in the workdir
+        finally:
+            await strict.close()
+
+    run(kind, body)
+
+
+def test_max_background_is_checked_when_a_task_is_validated(tmp_path: Path) -> None:
+    from agentrl.tasks.load import check_task
+
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "name: t\ninstances: [{id: a}]\nprompt: {system: s, instance: i}\n"
+        "tools: [{name: bash, options: {max_background: -1}}]\n"
+        "grader: {type: command, command: 'true'}\n"
+    )
+    problems = [str(p) for p in check_task(task)]
+    assert any("max_background" in p and "greater than or equal to 0" in p for p in problems)
+    task.write_text(task.read_text().replace("-1", "4"))
+    assert check_task(task) == []

@@ -7,11 +7,16 @@ afterwards that no container or snapshot image with that label remains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -384,4 +389,158 @@ def test_agentrl_gc_removes_what_a_killed_driver_left(run_id: str) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert f"removed 1 container(s) and 0 snapshot image(s) (0 B) of run {run_id}" in res.stdout
+    assert _leftovers(run_id) == ([], [])
+
+
+def test_disk_limit_is_the_engines_quota_or_measured_from_the_host(run_id: str) -> None:
+    from agentrl.sandbox.docker import _quota_support
+
+    async def go() -> None:
+        prov = DockerProvider(reap_at_start=False)
+        sb = await prov.start(SandboxSpec(run_id=run_id, disk_mb=64))
+        try:
+            quota = _quota_support.get(prov.client.api)
+            assert quota in (True, False)  # found out at the first start, and remembered
+            fill = await sb.exec(cmd("head -c 100M /dev/zero > /tmp/fill; echo $?", timeout=60))
+            written = (await sb.usage()).disk_bytes
+            if quota:  # xfs with pquota: the engine refuses the write itself
+                assert "No space left on device" in fill.output
+            else:  # no quota in this driver: the bash tool's watchdog acts on this figure
+                assert fill.output == "0\n"
+                assert written is not None and 100 << 20 <= written < 110 << 20
+            await sb.exec(cmd("rm /tmp/fill"))
+            after = (await sb.usage()).disk_bytes
+            assert after is not None and after < 1 << 20
+            second = await prov.start(SandboxSpec(run_id=run_id, disk_mb=64))
+            await second.close()
+            assert _quota_support.get(prov.client.api) is quota
+        finally:
+            await sb.close()
+
+    asyncio.run(go())
+
+
+def test_usage_and_stop_processes_work_from_the_host(run_id: str) -> None:
+    async def body(sb: DockerSandbox) -> None:
+        idle = await sb.usage()
+        assert idle.processes == 2  # docker-init and the keep-alive
+        assert (idle.pids_refused, idle.oom_kills) == (0, 0)
+        await sb.exec(cmd("setsid nohup sleep 1000 >/dev/null 2>&1 & sleep 1000 >/dev/null &"))
+        assert (await sb.usage()).processes == 4
+        bomb = await sb.exec(cmd(":(){ :|:& };:; sleep 30", timeout=3))
+        assert bomb.timed_out
+        hog = await sb.exec(ExecRequest(command=["python3", "-c", "b = b'x' * 1024**3"]))
+        assert hog.exit_code == 137
+        used = await sb.usage()
+        assert used.pids_refused and used.pids_refused > 0 and used.oom_kills == 1
+        stopped = await sb.stop_processes()
+        assert sum("sleep 1000" in line for line in stopped) == 2, stopped
+        assert (await sb.usage()).processes == 2
+        assert (await sb.exec(cmd("echo alive"))).output == "alive\n"
+
+    with_sandbox(SandboxSpec(run_id=run_id, pids=64, memory_mb=256), body)
+
+
+class EngineProxy:
+    """A unix socket at `path` forwarding to the real engine's while it is up: taking it
+    down is an engine outage for a client pointed at it, without touching the engine."""
+
+    def __init__(self, path: Path, engine: str = "/var/run/docker.sock") -> None:
+        self.path, self.engine = path, engine
+        self.listener: socket.socket | None = None
+        self.conns: list[socket.socket] = []
+
+    def up(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        listener.listen(16)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        self.path.unlink(missing_ok=True)
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        self.conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.engine)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineProxy]:
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-engine-", dir="/tmp"))
+    engine = EngineProxy(folder / "docker.sock")
+    engine.up()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{engine.path}")
+    yield engine
+    engine.down()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_close_outlasts_a_short_engine_outage(run_id: str, proxy: EngineProxy) -> None:
+    async def go() -> None:
+        sb = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))
+        proxy.down()  # the engine "restarts": its socket is gone for 3 s
+        back = threading.Timer(3.0, proxy.up)
+        back.start()
+        start = time.monotonic()
+        try:
+            await sb.close()
+        finally:
+            back.join()
+        assert 3.0 <= time.monotonic() - start < 15
+        assert _leftovers(run_id) == ([], [])
+
+    asyncio.run(go())
+
+
+def test_close_gives_up_in_bounded_time_in_one_line_and_the_reaper_removes_it(
+    run_id: str,
+    proxy: EngineProxy,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def go() -> str:
+        sb = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))
+        proxy.down()  # and it stays down
+        start = time.monotonic()
+        await asyncio.to_thread(sb.close_now, 2.0)
+        assert time.monotonic() - start < 10
+        return sb.id
+
+    with caplog.at_level("WARNING", logger="agentrl.sandbox.docker"):
+        container = asyncio.run(go())
+    (line,) = [r.getMessage() for r in caplog.records if container[:12] in r.getMessage()]
+    assert "\n" not in line and "Connection aborted" not in line and "FileNotFoundError" not in line
+    assert "is unreachable" in line and "agentrl gc" in line, line
+    monkeypatch.undo()  # the real engine again, unchanged: the container is still there
+    assert _leftovers(run_id)[0] == [container]
+    client = docker_client(timeout=10)  # the next start's reaper in this process takes it
+    try:
+        assert reap(client, run_id=run_id) == 1
+    finally:
+        client.close()
     assert _leftovers(run_id) == ([], [])

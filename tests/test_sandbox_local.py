@@ -219,3 +219,24 @@ def _alive(pid: int) -> bool:
     # A zombie counts as dead (its parent has not reaped it yet).
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def test_disk_watchdog_and_process_guard_work_locally() -> None:
+    from agentrl.tools.bash import BashTool
+
+    async def body(sb: LocalSandbox) -> None:
+        assert (await sb.usage()).processes == 0
+        bash = BashTool(timeout=20)
+        try:
+            obs = await bash(sb, command="while :; do head -c 1M /dev/zero >> fill; done")
+            assert obs.error and "wrote past its disk limit" in obs.text, obs.text
+            assert "delete files" in (await bash(sb, command="echo ok")).text
+            assert (await bash(sb, command="rm fill; echo ok")).text == "ok\n"
+            await bash(sb, command="setsid sleep 1000 &")
+            assert (await sb.usage()).processes == 2  # the shell and the escaped sleep
+            assert any("sleep 1000" in line for line in await sb.stop_processes())
+            assert (await sb.usage()).processes == 0
+        finally:
+            await bash.close()
+
+    with_sandbox(body, SandboxSpec(run_id="test-local", disk_mb=16))

@@ -7,7 +7,7 @@ the implementation. Two implementations: `docker` and `local`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,12 @@ class SandboxSpec(_Model):
     cpus: float = Field(default=1.0, gt=0, description="CPU limit (cores)")
     memory_mb: int = Field(default=1024, ge=16, description="memory limit (MiB), swap included")
     pids: int = Field(default=256, ge=8, description="process limit (stops fork bombs)")
+    disk_mb: int = Field(
+        default=10240,
+        ge=16,
+        description="disk limit (MiB) on what the sandbox writes; the engine's quota where its "
+        "storage driver has one, else a watchdog (see docs/sandboxes.md)",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
     ttl_seconds: int = Field(
         default=4 * 3600, ge=10, description="the sandbox ends itself after this, driver or not"
@@ -73,6 +79,24 @@ class Sealed(_Model):
         "|deleted)'",
     )
     notes: list[str] = Field(default_factory=list, description="anything a person should know")
+
+
+class Usage(_Model):
+    """How much of its limits a sandbox uses, read from the host (nothing runs inside it,
+    so it can be read even when a fork bomb holds every pid); None: not known here."""
+
+    processes: int | None = Field(
+        default=None, description="processes and threads now, as the pids limit counts them"
+    )
+    pids_refused: int | None = Field(
+        default=None, description="forks refused at the pids limit so far (a counter)"
+    )
+    oom_kills: int | None = Field(
+        default=None, description="processes the OOM killer stopped so far (a counter)"
+    )
+    disk_bytes: int | None = Field(
+        default=None, description="bytes of the files the sandbox wrote (its writable layer)"
+    )
 
 
 class HeadTail:
@@ -146,6 +170,19 @@ class Sandbox(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Metered(Protocol):
+    """A sandbox whose use of its limits the host can read and whose processes it can stop
+    (docker and local; the bash tool uses it to keep one command from starving the next)."""
+
+    async def usage(self) -> Usage: ...
+
+    async def stop_processes(self) -> list[str]:
+        """Stop every process but the sandbox's own (init, keep-alive), as `seal` does
+        first; 'pid command line' of each."""
+        ...
 
 
 class SandboxProvider(Protocol):

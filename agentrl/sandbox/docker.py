@@ -4,8 +4,14 @@ A container starts with no network, CPU/memory/pids limits, every capability dro
 but the few a root shell needs, and `no-new-privileges`. It is labelled with its run,
 its owner (`host:pid`) and an expiry, and its main process is `sleep <ttl>` under
 docker-init (which also reaps zombies), so it stops by itself when the TTL passes.
-Teardown: `close()` (idempotent, shielded from cancellation), an atexit backstop, and
-`reap()`, which every new provider runs and `gc()` (`agentrl gc`) exposes.
+Teardown: `close()` (idempotent, shielded from cancellation; it outlasts an engine
+outage of up to CLOSE_WAIT_S), an atexit backstop, and `reap()`, which every new provider
+runs and `gc()` (`agentrl gc`) exposes.
+
+Disk: the engine's size quota (`storage_opt`) where its storage driver has one (overlay2
+on xfs with pquota), found out from the first container's start and remembered per
+client; elsewhere `usage()` measures the writable layer on the host, for the bash tool's
+watchdog to act on.
 
 Blocking SDK calls run in threads; command output is read from the exec's socket on
 the event loop, so a long command holds no thread.
@@ -29,6 +35,7 @@ import tarfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +46,13 @@ import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pexpect.fdpexpect import fdspawn
 from pydantic import BaseModel, ConfigDict
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import (
@@ -49,9 +62,17 @@ from agentrl.sandbox.base import (
     HeadTail,
     SandboxSpec,
     Sealed,
+    Usage,
 )
 from agentrl.sandbox.images import docker_client
-from agentrl.sandbox.procs import ExitBackstop, in_cgroup, kill_session, pid_alive
+from agentrl.sandbox.procs import (
+    Cgroup,
+    ExitBackstop,
+    in_cgroup,
+    kill_session,
+    pid_alive,
+    tree_bytes,
+)
 from agentrl.sandbox.seal import is_protected, path_dirs
 
 log = logging.getLogger(__name__)
@@ -70,6 +91,7 @@ GUARD_S = 10.0  # the client gives up this long after the in-container timeout s
 _DIR, _SYMLINK = 1 << 31, 1 << 27  # Go's os.ModeDir and os.ModeSymlink, as get_archive reports
 _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
 STOP_ROUNDS = 5  # freeze-and-kill rounds before seal() gives up on a process that survives
+CLOSE_WAIT_S = 30.0  # close() retries this long through an engine outage, then leaves it to reap
 
 T = TypeVar("T")
 
@@ -173,6 +195,7 @@ class DockerSandbox:
         self._closed = False
         self._lock = threading.Lock()
         self.keepalive: int | None = None  # host pid of `sleep <ttl>`, which seal() spares
+        self._host: tuple[Cgroup, Path | None] | None = None  # its cgroup and writable layer
         _backstop.add(self._id, self.close_now)
 
     @property
@@ -342,20 +365,46 @@ class DockerSandbox:
     async def seal(self) -> Sealed:
         """Stop every process but docker-init and the keep-alive (frozen first, so none can
         fork meanwhile), then put protected paths back as the origin image has them."""
-        self._check_open()
-        stopped, notes = await self._call(self._stop_processes)
+        stopped = await self.stop_processes()
         restored = await self._call(self._restore_protected)
-        return Sealed(stopped=stopped, restored=restored, notes=notes)
+        return Sealed(stopped=stopped, restored=restored)
 
-    def _stop_processes(self) -> tuple[list[str], list[str]]:
-        api, stopped, notes = self._api, list[str](), list[str]()
+    async def stop_processes(self) -> list[str]:
+        """SIGKILL every process but docker-init and the keep-alive, from the host while the
+        container is frozen (needs no free pid inside); 'pid command line' of each."""
+        self._check_open()
+        return await self._call(self._stop_processes)
+
+    async def usage(self) -> Usage:
+        """Counters from the container's cgroup and the size of its writable layer, read on
+        this machine (None where the engine runs elsewhere or the driver is not overlay)."""
+        self._check_open()
+        if self._host is None:
+            info = await self._call(self._api.inspect_container, self._id)
+            init = int(info["State"]["Pid"] or 0)
+            cgroup = Cgroup.of(init) if in_cgroup(init, self._id) else Cgroup(None, None)
+            self._host = (cgroup, _upper_dir(info))
+        return await asyncio.to_thread(self._read_usage)
+
+    def _read_usage(self) -> Usage:
+        assert self._host is not None
+        cgroup, upper = self._host
+        return Usage(
+            processes=cgroup.processes(),
+            pids_refused=cgroup.pids_refused(),
+            oom_kills=cgroup.oom_kills(),
+            disk_bytes=tree_bytes(upper) if upper is not None else None,
+        )
+
+    def _stop_processes(self) -> list[str]:
+        api, stopped = self._api, list[str]()
         for _ in range(STOP_ROUNDS):
             state = api.inspect_container(self._id)["State"]
             if not state.get("Running"):
                 raise self._gone("its container stopped")
             keep = {int(state["Pid"]), self.keepalive}
             if all(pid in keep for pid, _, _ in _top(api, self._id)):
-                return stopped, notes  # nothing left: no one to start anything either
+                return stopped  # nothing left: no one to start anything either
             api.pause(self._id)  # the freezer: nothing in the container runs, or forks
             try:
                 doomed = [(pid, args) for pid, _, args in _top(api, self._id) if pid not in keep]
@@ -372,13 +421,13 @@ class DockerSandbox:
             finally:
                 api.unpause(self._id)
             if not doomed:
-                return stopped, notes
+                return stopped
             stopped += [f"{pid} {args}" for pid, args in doomed]
             time.sleep(0.05)  # docker-init reaps them
         left = [f"{pid} {args}" for pid, _, args in _top(api, self._id) if pid not in keep]
         if left:
             raise SandboxError(f"sandbox {self._id[:12]}: processes survive SIGKILL: {left}")
-        return stopped, notes
+        return stopped
 
     def _protected_changes(self) -> tuple[str, list[list[str]]]:
         """(origin image id, [[path, kind], ...]) of protected paths changed since the origin:
@@ -437,8 +486,10 @@ class DockerSandbox:
         # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
         await asyncio.shield(asyncio.to_thread(self.close_now))
 
-    def close_now(self) -> None:
-        """Synchronous, idempotent removal (also what the atexit backstop calls)."""
+    def close_now(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Synchronous, idempotent removal (also what the atexit backstop calls). An engine
+        that does not answer is retried for `wait_s`; after that the container is left to
+        the reaper (the next provider started here, or `agentrl gc`), and a line says so."""
         with self._lock:
             if self._closed:
                 return
@@ -447,9 +498,17 @@ class DockerSandbox:
                 record.release()
             self._shells.clear()
             try:
-                _remove(self._api, self._id)
+                _remove_within(self._api, self._id, wait_s)
             except (DockerException, requests.RequestException) as exc:
-                log.warning("could not remove sandbox %s (reap will): %s", self._id[:12], exc)
+                _unremoved.add(self._id)
+                log.warning(
+                    "sandbox %s was not removed within %g s: %s; fix: the next DockerProvider "
+                    "started in this process removes it, or run `agentrl gc` once this "
+                    "process has ended (its TTL stops it meanwhile)",
+                    self._id[:12],
+                    wait_s,
+                    _first_line(exc),
+                )
         _backstop.discard(self._id)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -476,8 +535,7 @@ class DockerSandbox:
         return bool(state.get("Running")) and not state.get("Paused")
 
     def _error(self, exc: BaseException) -> SandboxError:
-        text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
-        first = str(text).strip().splitlines()[0][:300]
+        first = _first_line(exc)
         if isinstance(exc, APIError) and exc.status_code == 409 and "not running" in first:
             return self._gone("its container is not running")
         return SandboxError(f"sandbox {self._id[:12]}: docker: {first}")
@@ -539,21 +597,22 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
         EXPIRES: str(int(time.time()) + spec.ttl_seconds),
         **({NODE: spec.node} if spec.node else {}),
     }
-    host_config = api.create_host_config(
-        network_mode="none",
-        init=True,
-        nano_cpus=int(spec.cpus * 1e9),
-        mem_limit=f"{spec.memory_mb}m",
-        memswap_limit=f"{spec.memory_mb}m",
-        pids_limit=spec.pids,
-        cap_drop=["ALL"],
-        cap_add=CAPS,
-        security_opt=["no-new-privileges"],
-        privileged=False,
-    )
 
     @_retry
-    def create() -> str:
+    def create(quota: bool) -> str:
+        host_config = api.create_host_config(
+            network_mode="none",
+            init=True,
+            nano_cpus=int(spec.cpus * 1e9),
+            mem_limit=f"{spec.memory_mb}m",
+            memswap_limit=f"{spec.memory_mb}m",
+            pids_limit=spec.pids,
+            storage_opt={"size": f"{spec.disk_mb}M"} if quota else None,
+            cap_drop=["ALL"],
+            cap_add=CAPS,
+            security_opt=["no-new-privileges"],
+            privileged=False,
+        )
         try:
             return str(
                 api.create_container(
@@ -569,12 +628,21 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
                 )["Id"]
             )
         except APIError as exc:
+            if quota and _no_quota(exc):
+                raise _NoQuota from exc  # not transient: never retried
             if exc.status_code != 409:  # 409: an earlier attempt made it after all
                 raise
             return str(api.inspect_container(name)["Id"])
 
     try:
-        container_id = create()
+        quota = _quota_support.get(api, True)
+        try:
+            container_id = create(quota)
+        except _NoQuota:
+            log.info("the Docker engine's storage driver has no size quota: disk is watched")
+            quota = False
+            container_id = create(quota)
+        _quota_support[api] = quota
     except ImageNotFound as exc:
         snapshot = image.startswith("sha256:") or image.startswith(f"{SNAPSHOT_REPO}/")
         fix = (
@@ -600,16 +668,37 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
     return sandbox
 
 
+_quota_support: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""Per engine client: whether its storage driver took a size quota (absent: not tried yet)."""
+
+
+class _NoQuota(Exception):
+    """The engine's storage driver has no size quota (overlay2 needs xfs with pquota)."""
+
+
+def _no_quota(exc: APIError) -> bool:
+    text = str(exc.explanation or exc).lower()
+    return any(words in text for words in ("storage-opt", "storage opt", "storage option"))
+
+
+def _upper_dir(info: dict[str, Any]) -> Path | None:
+    """The container's overlay upper layer (what it wrote) on this machine, if readable here."""
+    driver = info.get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir")
+    if "overlay" not in str(driver.get("Name")) or not upper or not Path(upper).is_dir():
+        return None
+    return Path(upper)
+
+
 def _upper_changes(info: dict[str, Any]) -> list[tuple[str, str]] | None:
     """(path, kind) of what the container changed, read from its overlay2 upper layer on
     this machine (what `docker diff` reports, in milliseconds rather than the seconds a
     naive diff of the whole tree can take); None where that layer is not readable here."""
-    driver = info.get("GraphDriver") or {}
-    data = driver.get("Data") or {}
-    upper = Path(data["UpperDir"]) if data.get("UpperDir") else None
-    lowers = [Path(d) for d in (data.get("LowerDir") or "").split(":") if d]
-    if "overlay" not in str(driver.get("Name")) or upper is None or not upper.is_dir():
+    upper = _upper_dir(info)
+    if upper is None:
         return None
+    data = (info.get("GraphDriver") or {}).get("Data") or {}
+    lowers = [Path(d) for d in (data.get("LowerDir") or "").split(":") if d]
     found = []
     for top, folders, files in os.walk(upper):  # never follows a link the agent made
         for name in [*folders, *files]:
@@ -691,12 +780,16 @@ def _slug(text: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    """One readable line: an engine that cannot be reached is named, not urllib3's tuple."""
+    if isinstance(exc, requests.ConnectionError | requests.Timeout):
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        how = "did not answer in time" if isinstance(exc, requests.Timeout) else "is unreachable"
+        return f"the Docker engine at {host} {how} (is it running, or restarting?)"
     text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
     return str(text).strip().splitlines()[0][:300]
 
 
-@_retry
-def _remove(api: Any, container_id: str) -> None:
+def _remove_once(api: Any, container_id: str) -> None:
     try:
         api.remove_container(container_id, force=True)
     except NotFound:
@@ -704,11 +797,27 @@ def _remove(api: Any, container_id: str) -> None:
     except APIError as exc:
         if exc.status_code != 409 or "already in progress" not in str(exc):
             raise
+    _unremoved.discard(container_id)
+
+
+_remove = _retry(_remove_once)
+
+
+def _remove_within(api: Any, container_id: str, seconds: float) -> None:
+    """Remove a container, retrying transient engine errors (a restart) for `seconds`."""
+    retry(
+        retry=retry_if_exception(_transient),
+        stop=stop_after_delay(seconds),
+        wait=wait_exponential(multiplier=0.25, max=2),
+        reraise=True,
+    )(_remove_once)(api, container_id)
 
 
 # ---- leftovers: the atexit backstop, the reaper and gc ----
 
 _backstop = ExitBackstop()
+_unremoved: set[str] = set()
+"""Containers whose close() gave up in this process; the next `reap()` here removes them."""
 
 
 class _Start:
@@ -749,7 +858,8 @@ def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
         labels = summary.get("Labels") or {}
         expires = labels.get(EXPIRES, "")
         expired = expires.isdigit() and int(expires) < now
-        if summary.get("State") in ("exited", "dead") or expired or _owner_dead(labels):
+        ours = summary["Id"] in _unremoved
+        if summary.get("State") in ("exited", "dead") or expired or ours or _owner_dead(labels):
             try:
                 _remove(client.api, summary["Id"])
                 removed += 1

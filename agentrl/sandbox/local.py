@@ -33,8 +33,9 @@ from agentrl.sandbox.base import (
     HeadTail,
     SandboxSpec,
     Sealed,
+    Usage,
 )
-from agentrl.sandbox.procs import ExitBackstop, kill_marked, kill_session
+from agentrl.sandbox.procs import ExitBackstop, count_marked, kill_marked, kill_session, tree_bytes
 
 log = logging.getLogger(__name__)
 
@@ -264,10 +265,26 @@ class LocalSandbox:
         """Stop every process that carries this sandbox's marker in its environment (setsid,
         nohup and disowned ones too; one that cleared its environment escapes: there is
         no isolation here). Nothing is restored: there is no image to restore from."""
-        self._check_open()
-        stopped = await asyncio.to_thread(kill_marked, f"{MARKER}={self._id}")
+        stopped = await self.stop_processes()
         notes = ["local provider: no isolation, protected paths are not restored"]
         return Sealed(stopped=stopped, notes=notes)
+
+    async def stop_processes(self) -> list[str]:
+        """SIGKILL every process carrying this sandbox's marker (see `seal`)."""
+        self._check_open()
+        return await asyncio.to_thread(kill_marked, f"{MARKER}={self._id}")
+
+    async def usage(self) -> Usage:
+        """Marked processes and the temp dir's size; no pids or memory limit applies here
+        (no isolation), so those counters are unknown. Writes outside the workdir land on
+        this machine's own disk and are not counted."""
+        self._check_open()
+
+        def read() -> Usage:
+            marked = count_marked(f"{MARKER}={self._id}")
+            return Usage(processes=marked, disk_bytes=tree_bytes(self.root))
+
+        return await asyncio.to_thread(read)
 
     async def connect_network(self, name: str) -> None:
         """Nothing to do: a local sandbox has this machine's network all along."""

@@ -1,4 +1,5 @@
-"""Host-side process control shared by the sandbox providers."""
+"""Host-side process control shared by the sandbox providers: killing processes, reading
+a container's cgroup counters and sizing a folder, all without running anything inside."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def kill_session(sid: int, *, cgroup_marker: str | None = None) -> int:
@@ -78,6 +82,97 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def count_marked(marker: str) -> int:
+    """How many processes of ours have `marker` (`NAME=value`) in their environment."""
+    own, wanted, found = os.getpid(), b"\0" + marker.encode() + b"\0", 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != own:
+            with contextlib.suppress(OSError):
+                found += wanted in b"\0" + (entry / "environ").read_bytes() + b"\0"
+    return found
+
+
+def tree_bytes(root: Path) -> int:
+    """Disk the files under `root` take (allocated blocks, so a sparse file costs what it
+    holds); links are not followed and entries that vanish meanwhile are skipped."""
+    total, folders = 0, [root]
+    while folders:
+        with contextlib.suppress(OSError), os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
+    return total
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """The pids and memory controller folders of one process's cgroup on this host (v1 or
+    v2); a counter reads None where its file is not there."""
+
+    pids: Path | None
+    memory: Path | None
+
+    @classmethod
+    def of(cls, pid: int) -> Cgroup:
+        try:
+            lines = (Path("/proc") / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return cls(None, None)
+        v1: dict[str, Path] = {}
+        v2: Path | None = None
+        for line in lines:  # "id:controllers:path"; v2's has no controllers
+            _, controllers, path = line.split(":", 2)
+            if controllers:
+                for name in controllers.split(","):
+                    v1[name] = CGROUP_ROOT / controllers / path.lstrip("/")
+            else:
+                v2 = CGROUP_ROOT / path.lstrip("/")
+
+        def folder(name: str, probe: str) -> Path | None:
+            for candidate in (v1.get(name), v2):
+                if candidate is not None and (candidate / probe).is_file():
+                    return candidate
+            return None
+
+        memory = folder("memory", "memory.oom_control") or folder("memory", "memory.events")
+        return cls(folder("pids", "pids.current"), memory)
+
+    def processes(self) -> int | None:
+        return _read_int(self.pids, "pids.current")
+
+    def pids_refused(self) -> int | None:
+        return _read_field(self.pids, "pids.events", "max")
+
+    def oom_kills(self) -> int | None:
+        v1 = _read_field(self.memory, "memory.oom_control", "oom_kill")
+        return v1 if v1 is not None else _read_field(self.memory, "memory.events", "oom_kill")
+
+
+def _read_int(folder: Path | None, name: str) -> int | None:
+    if folder is None:
+        return None
+    try:
+        return int((folder / name).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_field(folder: Path | None, name: str, key: str) -> int | None:
+    """The number after `key` in a flat-keyed cgroup file ("key value" lines)."""
+    if folder is None:
+        return None
+    try:
+        for line in (folder / name).read_text().splitlines():
+            field, _, value = line.partition(" ")
+            if field == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class ExitBackstop:

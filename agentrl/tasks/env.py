@@ -115,6 +115,7 @@ class TaskEnv:
             cpus=config.cpus,
             memory_mb=config.memory_mb,
             pids=config.pids,
+            disk_mb=config.disk_mb,
             env=config.env,
             run_id=self.run_id,
             name=name,

@@ -11,7 +11,17 @@ tail of the output, so 100 MB of output costs no memory on either side.
 On timeout the tool sends Ctrl-C and probes the shell with a fresh sentinel; if the
 shell does not answer, it is killed (with everything in its session) and a new one is
 started, and the observation says so. Pagers and editors are neutralised
-(PAGER=cat, GIT_PAGER=cat, GIT_EDITOR=true, `less`/`vim` as shell functions).
+(PAGER=cat, GIT_PAGER=cat, GIT_EDITOR=true, `less`/`vim` as shell functions); the tty's
+settings are restored after every command (`stty sane -echo -onlcr`).
+
+One guard keeps a command from starving the next: the sandbox's counters are read from
+the host (`Metered.usage`: nothing runs inside) every ~0.5 s, while a command runs and
+between commands, and right after each (watching a little longer while what it left
+keeps multiplying: a fork bomb returns at once). When forks were refused at the pids
+limit, the OOM killer ran, the sandbox wrote past its disk limit, or, with no command
+running, more than `max_background` processes are left, every process the agent
+started is stopped and a new shell started; the observation (the next one, if no
+command was running) says why in one line.
 """
 
 from __future__ import annotations
@@ -20,13 +30,14 @@ import asyncio
 import re
 import secrets
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import pexpect
 from pexpect.spawnbase import SpawnBase
+from pydantic import Field
 
-from agentrl.errors import SandboxError
-from agentrl.sandbox.base import HeadTail, Sandbox
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox.base import HeadTail, Metered, Sandbox, Usage
 from agentrl.tools.base import Observation
 
 SHELL_ARGV = ["bash", "--norc", "--noprofile", "--noediting"]
@@ -66,9 +77,21 @@ def _ansi_c_chunks(command: str, width: int = 1000) -> list[str]:
     return [*chunks, current]
 
 
-def _sentinel_cmd(nonce: str) -> str:
+def _sentinel_cmd(nonce: str, status: str = "$?") -> str:
     # The typed text never contains the finished sentinel: printf assembles it.
-    return f"printf '\\n__AGENTRL_%s_%d__\\n' {nonce} $?"
+    return f"printf '\\n__AGENTRL_%s_%d__\\n' {nonce} {status}"
+
+
+# After each command: a program (or `stty`) may have left the tty echoing, raw, or
+# translating newlines, which would garble every later observation.
+_TTY_RESET = "stty sane -echo -onlcr 2>/dev/null"
+WATCH_S = 0.5  # usage is read this often while a command runs (less often if reading is slow)
+SETTLE_S = 0.5  # after a command, how long to watch processes it left while they multiply
+PAST_DISK = "the sandbox wrote past its disk limit"
+CLEARED = (
+    "every process the agent started was stopped and a new shell started (working "
+    "directory and environment are reset)"
+)
 
 
 def _sentinel_re(nonce: str) -> re.Pattern[bytes]:
@@ -129,13 +152,24 @@ class BashTool:
         timeout: float = 60.0,
         max_output_bytes: int = 20_000,
         shell_argv: list[str] | None = None,
+        max_background: Annotated[int, Field(ge=0)] | None = None,
     ) -> None:
+        """`max_background`: processes (threads count too, as the pids limit counts them) a
+        command may leave running once it returns, e.g. a server the task asks for; with
+        more, every process the agent started is stopped. None: half the sandbox's pids."""
+        if max_background is not None and max_background < 0:
+            raise ConfigError(f"bash: max_background must be >= 0, got {max_background}")
         self.timeout = timeout
         self.keep_bytes = max_output_bytes // 2  # head and tail each
         self.shell_argv = shell_argv or SHELL_ARGV
+        self.max_background = max_background
         self._shell: SpawnBase | None = None
         self._sandbox: Sandbox | None = None
         self._lock = asyncio.Lock()
+        self._baseline: int | None = None  # processes with a fresh, idle shell
+        self._seen: Usage | None = None  # the last look at the sandbox's usage
+        self._idle: asyncio.Task[None] | None = None  # the watch between commands
+        self._pending: list[str] = []  # what the idle watch did, for the next observation
 
     async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
         command = arguments.get("command")
@@ -145,29 +179,40 @@ class BashTool:
             return await self._run(sandbox, command, self.timeout)
 
     async def _run(self, sandbox: Sandbox, command: str, timeout: float) -> Observation:
-        notes: list[str] = []
         if self._shell is None or not self._shell.isalive() or self._sandbox is not sandbox:
             await self._start(sandbox)
+        notes, self._pending = self._pending, []
         assert self._shell is not None
+        # Something a previous command left may have ripened meanwhile (a fork bomb).
+        if hazard := await self._hazard(sandbox, idle=True):
+            await self._clear(sandbox)
+            notes.append(f"before this command ran, {hazard}: {CLEARED}")
+        started_with = self._seen.processes if self._seen else None
         nonce = secrets.token_hex(6)
         script = (
             "__agentrl_cmd=''\n"
             + "".join(f"__agentrl_cmd+=$'{chunk}'\n" for chunk in _ansi_c_chunks(command))
-            + f'eval "$__agentrl_cmd" < /dev/null; {_sentinel_cmd(nonce)}\n'
+            + f'eval "$__agentrl_cmd" < /dev/null; __agentrl_rc=$?; {_TTY_RESET}; '
+            + f"{_sentinel_cmd(nonce, '$__agentrl_rc')}\n"
         )
         out = _Output(self.keep_bytes, _sentinel_re(nonce))
-        status = await asyncio.to_thread(self._exchange, script, out, timeout)
+        exchange = asyncio.ensure_future(asyncio.to_thread(self._exchange, script, out, timeout))
+        hazard = await self._watch(sandbox, exchange)
+        status = await exchange
         exit_code: int | None = None
         if status == "done":
             assert out.match is not None
             exit_code = int(out.match.group(1))
+        if hazard:  # the watch stopped every process, the shell too
+            notes.append(f"{hazard}: {CLEARED}")
+            await self._restart(sandbox)
         elif status == "eof":
             notes.append(
                 "the shell exited (did the command run `exit` or `exec`?); a new shell "
                 "was started: working directory and environment are reset"
             )
             await self._restart(sandbox)
-        else:  # timeout
+        elif status == "timeout":
             recovered = await asyncio.to_thread(self._interrupt)
             if recovered:
                 notes.append(
@@ -180,6 +225,11 @@ class BashTool:
                     "environment are reset"
                 )
                 await self._restart(sandbox)
+        if not hazard and (hazard := await self._settle(sandbox, started_with)):
+            await self._clear(sandbox)
+            notes.append(f"{hazard}: {CLEARED}")
+        if (over := self._disk_note(sandbox)) and not (hazard and hazard.startswith(PAST_DISK)):
+            notes.append(over)
         text = out.text()
         if not text.strip():
             text = "(no output)"
@@ -187,7 +237,105 @@ class BashTool:
             text = text.rstrip("\n") + f"\n[exit code {exit_code}]"
         if notes:
             text = text.rstrip("\n") + "\n" + "\n".join(f"[{n}]" for n in notes)
-        return Observation(text=text, exit_code=exit_code, error=status != "done")
+        return Observation(text=text, exit_code=exit_code, error=status != "done" or bool(hazard))
+
+    async def _hazard(self, sandbox: Sandbox, *, idle: bool) -> str | None:
+        """Look at the sandbox's usage; why its processes must be stopped, or None.
+
+        Counters are compared with the previous look. `idle`: the shell runs no command,
+        so whatever runs beyond a fresh shell was left behind."""
+        if not isinstance(sandbox, Metered):
+            return None
+        now = await sandbox.usage()
+        seen, self._seen = self._seen, now
+        spec = sandbox.spec
+        if seen is not None:
+            if _grew(seen.pids_refused, now.pids_refused):
+                return f"the sandbox ran out of processes (its limit is {spec.pids})"
+            if _grew(seen.oom_kills, now.oom_kills):
+                return (
+                    f"the sandbox ran out of memory (its limit is {spec.memory_mb} MiB) and the "
+                    "kernel killed a process"
+                )
+            if _over_disk(now, spec.disk_mb) and _grew(seen.disk_bytes, now.disk_bytes):
+                return (
+                    f"{PAST_DISK} ({_mib(now.disk_bytes)} MiB of {spec.disk_mb} MiB; delete "
+                    "files to go on)"
+                )
+        if idle and now.processes is not None and self._baseline is not None:
+            left = now.processes - self._baseline
+            allowed = self.max_background
+            allowed = spec.pids // 2 if allowed is None else allowed
+            if left > allowed:
+                return f"{left} processes were left running (at most {allowed} may stay)"
+        return None
+
+    async def _watch(self, sandbox: Sandbox, exchange: asyncio.Future[str]) -> str | None:
+        """While a command runs: stop every process the moment a limit is hit; the reason."""
+        if not isinstance(sandbox, Metered):
+            return None
+        pause = WATCH_S
+        while True:
+            done, _ = await asyncio.wait({exchange}, timeout=pause)
+            if done:
+                return None
+            looked = time.monotonic()
+            hazard = await self._hazard(sandbox, idle=False)
+            # A large writable layer is walked more rarely: the watch costs <= ~10% of a core.
+            pause = max(WATCH_S, 10 * (time.monotonic() - looked))
+            if hazard:
+                await sandbox.stop_processes()
+                return hazard
+
+    async def _settle(self, sandbox: Sandbox, started_with: int | None) -> str | None:
+        """After a command: look again, and while what it left keeps multiplying (a fork
+        bomb returns at once), keep looking for up to SETTLE_S."""
+        hazard = await self._hazard(sandbox, idle=True)
+        previous = started_with
+        deadline = time.monotonic() + SETTLE_S
+        while hazard is None and self._seen is not None and time.monotonic() < deadline:
+            current = self._seen.processes
+            if current is None or previous is None or current <= previous:
+                break  # nothing new is running, or it stopped growing
+            previous = current
+            await asyncio.sleep(0.05)
+            hazard = await self._hazard(sandbox, idle=True)
+        return hazard
+
+    async def _watch_idle(self, sandbox: Sandbox) -> None:
+        """Between commands, the same look every WATCH_S (a background writer filling the
+        disk, a bomb ripening); what it does is told with the next observation."""
+        pause = WATCH_S
+        while True:
+            await asyncio.sleep(pause)
+            if self._lock.locked():  # a command runs: its own watch looks
+                continue
+            async with self._lock:
+                if self._sandbox is not sandbox or self._shell is None:
+                    return
+                looked = time.monotonic()
+                try:
+                    if hazard := await self._hazard(sandbox, idle=True):
+                        await self._clear(sandbox)
+                        self._pending.append(f"while no command ran, {hazard}: {CLEARED}")
+                except SandboxError:  # gone or closed: the next command reports it
+                    return
+                pause = max(WATCH_S, 10 * (time.monotonic() - looked))
+
+    def _disk_note(self, sandbox: Sandbox) -> str | None:
+        seen, limit = self._seen, sandbox.spec.disk_mb
+        if seen is None or not _over_disk(seen, limit):
+            return None
+        return (
+            f"the sandbox holds {_mib(seen.disk_bytes)} MiB, over its {limit} MiB disk limit: "
+            "delete files before writing more (a command that writes more is stopped)"
+        )
+
+    async def _clear(self, sandbox: Sandbox) -> None:
+        """Stop every process the agent started, then start a new shell."""
+        if isinstance(sandbox, Metered):
+            await sandbox.stop_processes()
+        await self._restart(sandbox)
 
     def _exchange(self, script: str, out: _Output, timeout: float) -> str:
         """Send the script and read until the sentinel; 'done', 'timeout' or 'eof'."""
@@ -237,6 +385,9 @@ class BashTool:
     async def _start(self, sandbox: Sandbox) -> None:
         if self._shell is not None:
             await self._kill(sandbox)
+        if self._sandbox is not sandbox:
+            self._baseline = self._seen = None
+            self._stop_idle()
         self._sandbox = sandbox
         self._shell = await sandbox.shell(self.shell_argv)
         self._shell.delaybeforesend = None  # pexpect sleeps 50 ms before each send otherwise
@@ -247,6 +398,12 @@ class BashTool:
         status = await asyncio.to_thread(self._exchange, script, out, 30.0)
         if status != "done" or out.match is None:
             raise SandboxError(f"the bash shell in sandbox {sandbox.id} did not start ({status})")
+        if isinstance(sandbox, Metered):
+            self._seen = await sandbox.usage()
+            if self._baseline is None:  # a fresh shell in a sandbox the agent has not used
+                self._baseline = self._seen.processes
+            if self._idle is None:
+                self._idle = asyncio.create_task(self._watch_idle(sandbox))
 
     async def _restart(self, sandbox: Sandbox) -> None:
         await self._kill(sandbox)
@@ -258,10 +415,28 @@ class BashTool:
         if shell is not None:
             await sandbox.kill_shell(shell)
 
+    def _stop_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
     async def close(self) -> None:
         """Kill the shell; idempotent. The sandbox itself is closed by its owner."""
+        self._stop_idle()
         if self._sandbox is not None and self._shell is not None:
             try:
                 await self._kill(self._sandbox)
             except Exception:  # a sandbox that is already gone took the shell with it
                 self._shell = None
+
+
+def _grew(before: int | None, after: int | None) -> bool:
+    return before is not None and after is not None and after > before
+
+
+def _over_disk(usage: Usage, limit_mb: int) -> bool:
+    return usage.disk_bytes is not None and usage.disk_bytes > limit_mb * 1024 * 1024
+
+
+def _mib(n: int | None) -> int:
+    return (n or 0) // (1024 * 1024)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from agentrl import __version__
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 # No string is ever read as rich markup: paths, ids and messages print as written ("[/x]"
 # in a trajectory id is text); colour comes only from `_tag`.
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 log = logging.getLogger("agentrl")
 
 
@@ -61,8 +62,6 @@ def _cmd_images_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from agentrl.inference.embedded import load_tokenizer
     from agentrl.runner import load_any_task, make_policy, run_task, select_instances
     from agentrl.sandbox import provider
@@ -142,8 +141,6 @@ def _ids(text: str | None) -> list[str] | None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from agentrl.check import check_paths
     from agentrl.runner import write_atomic
     from agentrl.sandbox import provider
@@ -191,20 +188,18 @@ def _reward(value: float | None) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from agentrl.runner import load_any_task
     from agentrl.train_config import load_train_config
     from agentrl.trainer import Trainer
     from agentrl.yamlfile import readable
 
     config = load_train_config(args.config)
-    data = config.model_dump()
+    data = config.model_dump(exclude_unset=True)  # what the file says, and only that
     if args.steps is not None:
         data["schedule"]["steps"] = args.steps
     if args.servers is not None:
         urls = [u for u in args.servers.split(",") if u.strip()]
-        data["servers"] = {**(data["servers"] or {}), "urls": urls}
+        data["servers"] = {**(data.get("servers") or {}), "urls": urls}
     if args.seed is not None:
         data["seed"] = args.seed
     try:  # the flags are validated like the file: --steps 0 is refused, not ignored
@@ -305,8 +300,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_failures(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from agentrl import replay
 
     groups = replay.failures(args.run_dir)
@@ -531,8 +524,6 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _cluster_status(folder: Path | None) -> int:
-    from rich.table import Table
-
     from agentrl.cluster import local
 
     state = local.load_state(folder)

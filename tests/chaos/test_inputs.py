@@ -119,18 +119,19 @@ def _broken(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
             else:
                 if isinstance(parent, dict):
                     parent[f"{loc[-1]}x" if as_new_key else loc[-1]] = value
-                elif isinstance(parent, list) and isinstance(loc[-1], int):
-                    if loc[-1] < len(parent):
-                        parent[loc[-1]] = value
+                elif (
+                    isinstance(parent, list) and isinstance(loc[-1], int) and loc[-1] < len(parent)
+                ):
+                    parent[loc[-1]] = value
         return doc
 
     return st.lists(edit, min_size=1, max_size=4).map(apply)
 
 
 def _alias_bomb(width: int, depth: int, key: str) -> str:
-    lines = [f'l0: &l0 [{", ".join(["lol"] * width)}]']
+    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
     for d in range(1, depth):
-        lines.append(f'l{d}: &l{d} [{", ".join([f"*l{d - 1}"] * width)}]')
+        lines.append(f"l{d}: &l{d} [{', '.join([f'*l{d - 1}'] * width)}]")
     return f"{key}: fuzz\n" + "\n".join(lines) + f"\ninstances: [*l{depth - 1}]\n"
 
 
@@ -240,7 +241,11 @@ TRAJECTORY = _trajectory()
         st.builds(lambda n: f'{{"reward": {"9" * n}}}\n'.encode(), st.integers(10, 20_000)),
         st.binary(max_size=300),
         st.just(json.dumps(TRAJECTORY)[:-7].encode()),  # torn: the writer was killed
-        st.just((json.dumps(TRAJECTORY).replace("fuzz_0", "\udcff", 1)).encode("utf-8", "surrogateescape")),
+        st.just(
+            (json.dumps(TRAJECTORY).replace("fuzz_0", "\udcff", 1)).encode(
+                "utf-8", "surrogateescape"
+            )
+        ),
     )
 )
 def test_a_broken_trajectory_file_is_a_line_and_a_fix(data):

@@ -38,7 +38,8 @@ from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, Sealed
 from agentrl.tasks.spec import CommandGrader, Instance, PytestGrader, PythonGrader, Task
 
 OUTPUT_KEEP_CHARS = 8000
-"""Evidence keeps this many characters of output: a quarter from the start, the rest from the end."""
+"""Evidence keeps this many characters of output: a quarter from the start, the rest from
+the end."""
 PYTEST_STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 PASSING = ("PASSED", "XFAIL")
 """Statuses a listed test may have for the pytest grader to pass it (as SWE-bench grades)."""

@@ -250,7 +250,8 @@ class Task(_Model):
     hash: str = Field(description="sha256 of the task's files, for the trajectory's env record")
     env: str = Field(
         default="agentrl.tasks.env:TaskEnv",
-        description="module:Class of the INIT/EVAL runtime (SWE-bench gives each instance its image)",
+        description="module:Class of the INIT/EVAL runtime (SWE-bench gives each instance its "
+        "image)",
     )
     format: str = Field(
         default="agentrl",

@@ -541,7 +541,8 @@ def _prepare_script(instance: Instance, fmt: Format) -> str:
         lines += [
             "git apply /tmp/agentrl-prepare/bug.patch",
             f"rm -f -- {doomed}",
-            'git checkout -q --orphan agentrl-start && git add -A && git commit -qm "Initial commit"',
+            "git checkout -q --orphan agentrl-start && git add -A"
+            ' && git commit -qm "Initial commit"',
         ]
     if fmt == "r2e-gym":  # the hidden tests stay in the grading image only
         lines += [f"rm -rf {R2E_TESTS} {R2E_RUNNER} /root/r2e_tests /root/run_tests.sh"]

@@ -36,20 +36,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from agentrl.errors import ConfigError, GraderError, SandboxError, SandboxFileNotFound
+from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
 from agentrl.sandbox.images import docker_client, folder_hash
 from agentrl.tasks import offline
 from agentrl.tasks.env import TaskEnv, put_path
 from agentrl.tasks.graders import (
     DidNotRun,
-    Evidence,
     Grade,
     check_collected,
+    count_tests,
     parse_reward,
     ran,
     tail,
-    count_tests,
 )
 from agentrl.tasks.spec import (
     EpisodeLimits,
@@ -144,9 +143,13 @@ class TerminalEnv(TaskEnv):
 
     async def _resolve_image(self) -> str:
         prebuilt = prebuilt_image(Path(self.task.path))
-        if self.task.spec.sandbox.recipe and prebuilt and self.provider.name == "docker":
-            if await asyncio.to_thread(_present, prebuilt):
-                return prebuilt
+        if (
+            self.task.spec.sandbox.recipe
+            and prebuilt
+            and self.provider.name == "docker"
+            and await asyncio.to_thread(_present, prebuilt)
+        ):
+            return prebuilt
         return await super()._resolve_image()
 
     async def spec(self, instance: Instance, name: str) -> SandboxSpec:

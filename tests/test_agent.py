@@ -162,9 +162,10 @@ def test_agentrl_run_writes_trajectories_and_a_summary(tmp_path: Path) -> None:
         evidence = json.loads((out / traj.grade_file).read_text())
         assert evidence["grader"] == "command" and evidence["exit_code"] == 0
         assert evidence["command"].startswith("test ")
-        # EVAL stopped what the agent left running: here, its bash tool's shell
-        (shell,) = evidence["sealed"]["stopped"]
-        assert shell.endswith("bash --norc --noprofile --noediting")
+        # The tools closed before EVAL (the bash tool's shell with them): the seal found
+        # nothing of the agent's still running (tests/test_reward_integrity.py has it stop
+        # what an attacker leaves behind).
+        assert evidence["sealed"]["stopped"] == []
 
 
 def test_embedded_model_run_decodes_to_exactly_the_conversation_it_reports(

@@ -60,7 +60,10 @@ async def _sh(sandbox: Sandbox, command: str) -> None:
 async def setsid_rewriter(sandbox: Sandbox) -> None:
     """A loop in its own session that keeps rewriting the tests once they are copied in."""
     await sandbox.write_file("/tmp/fake_tests.py", PASSING_TESTS.encode())
-    copy = "[ -d /tests ] && cp /tmp/fake_tests.py /tests/test_outputs.py"
+    # Atomically (a rename), so pytest never reads a half-copied file: under load that
+    # made the unsealed demonstration flaky ("collected 0 items").
+    copy = "[ -d /tests ] && cp /tmp/fake_tests.py /tests/.t"
+    copy += " && mv -f /tests/.t /tests/test_outputs.py"
     loop = f"while :; do {copy}; sleep 0.01; done"
     await _sh(sandbox, f"setsid sh -c '{loop}' >/dev/null 2>&1 < /dev/null &")
 

@@ -15,9 +15,9 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -70,7 +70,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     overrides = {
         k: v
         for k, v in (("max_turns", args.max_turns), ("max_new_tokens", args.max_new_tokens))
-        if v
+        if v is not None
     }
     if overrides:  # validated like the file itself: impossible limits are refused
         try:
@@ -83,7 +83,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     snapshots = None
     if args.snapshots is not None:
         policy = task.spec.snapshots
-        snapshots = policy.model_copy(update={"every": max(0, args.snapshots)})
+        snapshots = policy.model_copy(update={"every": args.snapshots})
     tokenizer = load_tokenizer()
     sampler = make_policy(args.policy, tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -639,10 +639,50 @@ def _is_swe_bench(path: Path) -> bool:
     return '"instance_id"' in head and '"trajectory_id"' not in head
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line reads like every other error: one line, a fix,
+    exit code 1 (argparse's own is usage text and exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        err_console.print(_tag("error:", "red", f"{self.prog}: {message}"))
+        err_console.print(_tag("fix:", "yellow", f"{self.prog} --help lists the arguments"))
+        sys.exit(1)
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):  # NaN fails the first test
+        raise argparse.ArgumentTypeError(f"{value} is not a temperature (0 or more)")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0-65535)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="agentrl", description="Train LLM agents with RL on tool-using tasks."
-    )
+    p = _Parser(prog="agentrl", description="Train LLM agents with RL on tool-using tasks.")
     p.add_argument("--version", action="version", version=f"agentrl {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -670,17 +710,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="local",
         help="local (the embedded model), openai:URL, router:URL,URL,... or scripted:FILE",
     )
-    r.add_argument("-n", "--samples", type=int, default=1, help="episodes per instance")
+    r.add_argument("-n", "--samples", type=_at_least(1), default=1, help="episodes per instance")
     r.add_argument("--instances", help="only these instances (comma-separated ids)")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
     r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
-    r.add_argument("--concurrency", type=int, default=4, help="generation slots")
+    r.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
     r.add_argument("--dispatcher", default="pipeline", help="pipeline (default), batch, or sync")
-    r.add_argument("--max-turns", type=int, help="override the task's limits.max_turns")
-    r.add_argument("--max-new-tokens", type=int, help="override limits.max_new_tokens")
+    r.add_argument("--max-turns", type=_at_least(1), help="override the task's limits.max_turns")
+    r.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
     r.add_argument(
         "--snapshots",
-        type=int,
+        type=_at_least(0),
         metavar="K",
         help="snapshot the sandbox after INIT and every K turns (0: off); overrides the task",
     )
@@ -694,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--instances", help="only these instances (comma-separated ids)")
     ck.add_argument("--json", type=Path, help="also write the table as JSON here")
     ck.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
-    ck.add_argument("--concurrency", type=int, default=2, help="instances at once")
+    ck.add_argument("--concurrency", type=_at_least(1), default=2, help="instances at once")
     ck.set_defaults(func=_cmd_check)
 
     rp = sub.add_parser(
@@ -702,7 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("run_dir", type=Path, help="a folder `agentrl run` or `agentrl train` wrote")
     rp.add_argument("trajectory_id")
-    rp.add_argument("--from-turn", type=int, default=0, help="restore the state before turn K")
+    rp.add_argument(
+        "--from-turn", type=_at_least(0), default=0, help="restore the state before turn K"
+    )
     how = rp.add_mutually_exclusive_group()
     how.add_argument("--shell", action="store_true", help="open a bash in the restored sandbox")
     how.add_argument(
@@ -738,15 +780,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "prompt", nargs="?", default="In one sentence, what does the bash command `ls -la` do?"
     )
-    s.add_argument("--max-tokens", type=int, default=64)
-    s.add_argument("--temperature", type=float, default=0.7)
+    s.add_argument("--max-tokens", type=_at_least(1), default=64)
+    s.add_argument("--temperature", type=_temperature, default=0.7)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_sample)
 
     sv = sub.add_parser(
         "serve", help="serve the embedded model over an OpenAI-compatible API on 127.0.0.1"
     )
-    sv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    sv.add_argument("--port", type=_port, default=8000, help="port (0 picks a free one)")
     sv.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser(
@@ -762,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for embedded, else the folder's name)",
     )
     st.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    st.add_argument("--port", type=int, default=8100, help="port (0 picks a free one)")
+    st.add_argument("--port", type=_port, default=8100, help="port (0 picks a free one)")
     st.add_argument(
         "--state-dir",
         type=Path,
@@ -770,11 +812,14 @@ def build_parser() -> argparse.ArgumentParser:
         "or $AGENTRL_CACHE/tinker-state)",
     )
     st.add_argument(
-        "--max-models", type=int, default=2, help="training models held at once (default 2)"
+        "--max-models",
+        type=_at_least(1),
+        default=2,
+        help="training models held at once (default 2)",
     )
     st.add_argument(
         "--keep-samplers",
-        type=int,
+        type=_at_least(1),
         default=2,
         help="sampling snapshots kept per training model; older ones are released (default 2)",
     )
@@ -793,9 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--dir", help="state and logs (default ~/.cache/agentrl/cluster)")
     clsub = cl.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     cu = clsub.add_parser("up", help="start the head and worker nodes (restarts dead ones)")
-    cu.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")
-    cu.add_argument("--sandboxes", type=int, default=4, help="sandboxes per worker node")
-    cu.add_argument("--cpus", type=int, default=4, help="CPUs Ray schedules per node")
+    cu.add_argument("--workers", type=_at_least(0), default=2, help="worker nodes (default 2)")
+    cu.add_argument("--sandboxes", type=_at_least(1), default=4, help="sandboxes per worker node")
+    cu.add_argument("--cpus", type=_at_least(1), default=4, help="CPUs Ray schedules per node")
     clsub.add_parser("status", help="the nodes, whether Ray sees them, their containers")
     clsub.add_parser("down", help="stop every node")
     ck = clsub.add_parser("kill-node", help="SIGKILL one node, as a machine failure would")

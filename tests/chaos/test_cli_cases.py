@@ -205,3 +205,27 @@ def test_debug_shows_the_traceback_and_without_it_there_is_none(tmp_path):
     assert plain.stderr.splitlines()[-1].startswith("fix: ")
     debug = subprocess.run([*cmd[:3], "--debug", *cmd[3:]], capture_output=True, text=True)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["validate"], "the following arguments are required: files"),
+        (["run", "t.yaml", "-n", "0"], "argument -n/--samples: 0 is below 1"),
+        (["run", "t.yaml", "--concurrency", "0"], "argument --concurrency: 0 is below 1"),
+        (["run", "t.yaml", "--max-turns", "0"], "argument --max-turns: 0 is below 1"),
+        (["run", "t.yaml", "--max-new-tokens", "x"], "'x' is not an integer"),
+        (["run", "t.yaml", "--snapshots", "-1"], "argument --snapshots: -1 is below 0"),
+        (["serve", "--port", "70000"], "70000 is not a port (0-65535)"),
+        (["sample", "--temperature", "nan"], "nan is not a temperature"),
+        (["no-such-command"], "invalid choice: 'no-such-command'"),
+    ],
+)
+def test_a_wrong_command_line_is_one_line_and_a_fix(args, message, capsys):
+    """argparse's own way (usage text, exit 2) is not how agentrl reports a mistake."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 1
+    error, fix = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: agentrl") and message in error
+    assert fix.startswith("fix: agentrl") and fix.endswith("--help lists the arguments")

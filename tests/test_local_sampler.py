@@ -7,7 +7,7 @@ forward pass of the same model over prompt + sampled ids (batch of one, no paddi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -383,3 +383,84 @@ def test_load_weights_from_a_safetensors_folder(
         sampler.update_weights(original, version + 1)
     with pytest.raises(SamplerError, match="no .safetensors"):
         sampler.load_weights(tmp_path, version + 2)  # type: ignore[arg-type]
+
+
+# ---- continuous batching: joining, leaving, cancelling ---------------------------------
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait (polling the sampler's counters, which offer no event) until `condition`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_a_request_that_joins_a_running_batch_samples_as_if_alone(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    long_params = SamplingParams(max_tokens=40, temperature=0)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    seeded = SamplingParams(max_tokens=6, temperature=1.0, seed=77)
+    long_alone = generate_all(sampler, [(prompts[1], long_params)])[0]
+    alone = [generate_all(sampler, [(prompts[2], p)])[0] for p in (greedy, seeded)]
+
+    async def go() -> tuple[list[Completion], Completion]:
+        long = asyncio.create_task(sampler.generate(prompts[1], long_params))
+        await _until(lambda: sampler.stats.active == 1)
+        joined = await asyncio.gather(*(sampler.generate(prompts[2], p) for p in (greedy, seeded)))
+        # Static batching would hold them until the long one ended.
+        assert not long.done(), "the short requests must finish inside the long one"
+        return joined, await long
+
+    joined, long_joined = asyncio.run(go())
+    # The short prompt is left-padded against the long row's cache; nothing may change.
+    for a, b in zip(alone, joined, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    # The long row saw two rows join and leave (its cache columns trimmed): unchanged too.
+    assert long_joined.token_ids == long_alone.token_ids
+    assert long_joined.finish_reason == long_alone.finish_reason
+
+
+def test_a_cancelled_request_leaves_the_batch_at_the_next_step(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    before = sampler.stats
+
+    async def go() -> Completion:
+        running = asyncio.create_task(sampler.generate(prompts[0], SamplingParams(max_tokens=500)))
+        await _until(lambda: sampler.stats.active == 1)
+        running.cancel()
+        await _until(lambda: sampler.stats.active == 0)
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return await sampler.generate(prompts[2], SamplingParams(max_tokens=2, temperature=0))
+
+    after_cancel = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    assert sampler.stats.cancelled == before.cancelled + 1
+    assert sampler.stats.tokens - before.tokens < 500 + 2  # it stopped well short of 500
+    assert len(after_cancel.token_ids) == 2  # the worker goes on
+
+
+def test_an_update_waits_for_running_rows_and_newcomers_wait_for_it(
+    sampler: LocalSampler, prompts: list[list[int]]
+) -> None:
+    """publish_pause None: no request joins the rows the update waits for, so the
+    update lands as soon as they end, and the newcomer runs under the new weights."""
+    old, new = sampler.policy_version, sampler.policy_version + 1
+    state = {k: v.clone() for k, v in sampler.model.state_dict().items()}
+
+    async def go() -> tuple[Completion, Completion]:
+        running = asyncio.create_task(sampler.generate(prompts[0], SamplingParams(max_tokens=20)))
+        await _until(lambda: sampler.stats.active == 1)
+        update = asyncio.create_task(asyncio.to_thread(sampler.update_weights, state, new))
+        await _until(lambda: sampler._updates_waiting == 1)
+        late = await sampler.generate(prompts[2], SamplingParams(max_tokens=2))
+        assert running.done() and update.done(), "the newcomer ran before the update"
+        return await running, late
+
+    first, late = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    assert first.token_versions == [old] * len(first.token_ids)
+    assert first.finish_reason != "abort"
+    assert late.policy_version == new and late.token_versions == [new] * len(late.token_ids)

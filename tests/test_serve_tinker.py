@@ -415,7 +415,7 @@ def test_cli_serves_checks_the_key_and_stops_on_sigterm(tiny_dir: Path, tmp_path
             proc.wait()
 
 
-def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_cli_bad_model_is_one_line_and_exit_1(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(tmp_path / "nope")],
         capture_output=True,
@@ -425,5 +425,5 @@ def test_cli_bad_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "300"},
     )
     lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 1, res.stderr  # the CLI: a bad input is exit 1
     assert len(lines) == 1 and "not a model folder" in lines[0], res.stderr

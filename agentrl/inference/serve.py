@@ -18,24 +18,42 @@ weight publication run here without a GPU:
   paused (HTTP 409 otherwise), so no token is ever stamped with a version it was not
   sampled under.
 
-HTTP
-requests arrive on ThreadingHTTPServer threads; each hands its generate() to one
+HTTP requests arrive on ThreadingHTTPServer threads; each hands its generate() to one
 asyncio loop in a background thread that owns the sampler, so concurrent requests
-reach a LocalSampler together and are batched. Unlike vLLM, which logs and ignores
-unknown body fields, it rejects them (a misspelled parameter must not sample silently
-under defaults). Binds to 127.0.0.1 unless told otherwise.
+reach a LocalSampler together, which batches them continuously (a request joins the
+running batch at the next decode step). Unlike vLLM, which logs and ignores unknown
+body fields, it rejects them (a misspelled parameter must not sample silently under
+defaults). Binds to 127.0.0.1 unless told otherwise.
+
+Limits. `max_tokens` is vLLM's: omitted, 16; null, the room the context leaves after
+the prompt; a prompt plus max_tokens that does not fit the context is a 400 ("This
+model's maximum context length is ..."). A completion is cancelled (its row leaves the
+batch at the next step) when its client disconnects, or when it runs past
+`request_timeout_s` (then 504). Every connection must deliver each request, headers and
+body, within `read_timeout_s` of its first byte (else 408), so a slow or stalled client
+holds its thread for at most that long. A malformed request is a 4xx with a one-line
+JSON message (`{"error": {"message": ...}}`); NaN and Infinity are not JSON here. A
+client that goes away is one debug log line.
+
+`JSONRequestHandler` and `QuietHTTPServer` are the HTTP layer of both of agentrl's
+servers (this one and `agentrl serve-tinker`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import json
 import logging
+import select
+import socket
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlsplit
@@ -50,6 +68,7 @@ from agentrl.inference.weight_transfer import GlooReceiver
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import WriteableBuffer
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.inference.local import LocalSampler
@@ -57,6 +76,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
+LISTEN_BACKLOG = 1024  # a burst of connections waits in the kernel instead of being dropped
+READ_TIMEOUT_S = 30.0  # a request must arrive whole within this of its first byte
+REQUEST_TIMEOUT_S = 600.0  # a completion running longer is cancelled (the router's timeout)
+POLL_S = 0.1  # how often a running completion checks that its client is still there
 
 
 class CompletionRequest(BaseModel):
@@ -86,11 +109,17 @@ class CompletionRequest(BaseModel):
     cache_salt: str | None = None  # accepted: this server keeps no prefix cache to salt
 
 
-class _HTTPError(Exception):
+class HTTPError(Exception):
+    """An answer other than 200: its status and a one-line message."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its completion ran: nobody to answer."""
 
 
 class CompletionServer:
@@ -103,8 +132,12 @@ class CompletionServer:
         host: str,
         port: int,
         model_name: str,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.sampler = sampler
+        self.request_timeout_s = request_timeout_s
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.created = int(time.time())
@@ -115,7 +148,7 @@ class CompletionServer:
         self._receiver = GlooReceiver()
         self._incoming: dict[str, torch.Tensor] | None = None  # between start and finish
         try:
-            self._httpd = _HTTPServer((host, port), _Handler, self)
+            self._httpd = _HTTPServer((host, port), _Handler, self, read_timeout_s)
         except OSError as e:
             raise ConfigError(
                 f"cannot listen on {host}:{port}: {e.strerror or e}",
@@ -168,21 +201,40 @@ class CompletionServer:
             ],
         }
 
-    def complete(self, body: bytes) -> tuple[dict[str, Any], dict[str, str]]:
-        """Serve one /v1/completions body; raises _HTTPError for anything but a completion."""
+    def complete(
+        self, body: bytes, client_gone: Callable[[], bool]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Serve one /v1/completions body; raises HTTPError for anything but a completion.
+
+        While it runs, `client_gone` is polled: a client that left, or a request past
+        `request_timeout_s`, cancels the generation (its row leaves the batch).
+        """
         request = self._parse(body)
         params = self._params(request)
         if self._closed.is_set():
-            raise _HTTPError(503, "the server is shutting down")
+            raise HTTPError(503, "the server is shutting down")
         future = asyncio.run_coroutine_threadsafe(
             self.sampler.generate(request.prompt, params), self.loop
         )
-        try:
-            completion = future.result()
-        except concurrent.futures.CancelledError:
-            raise _HTTPError(503, "the server shut down before this request finished") from None
-        except SamplerError as e:
-            raise _HTTPError(400, str(e)) from e
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            try:
+                completion = future.result(timeout=POLL_S)
+                break
+            except TimeoutError:
+                pass
+            except concurrent.futures.CancelledError:
+                raise HTTPError(503, "the server shut down before this request finished") from None
+            except SamplerError as e:
+                raise HTTPError(400, str(e)) from e
+            if client_gone():
+                future.cancel()
+                raise _ClientGone
+            if time.monotonic() > deadline:
+                future.cancel()
+                raise HTTPError(
+                    504, f"the completion ran past this server's {self.request_timeout_s:g} s limit"
+                )
         return self._response(request, completion), {
             POLICY_VERSION_HEADER: str(completion.policy_version)
         }
@@ -190,33 +242,33 @@ class CompletionServer:
     # ---- control: vLLM's dev-mode routes --------------------------------------------
 
     def control(self, method: str, path: str, query: dict[str, str], body: bytes) -> object:
-        """Serve one control route; raises _HTTPError for a bad or unknown one."""
+        """Serve one control route; raises HTTPError for a bad or unknown one."""
         route = _CONTROL_ROUTES.get((method, path))
         if route is None:
-            raise _HTTPError(404, f"no route {method} {path}")
+            raise HTTPError(404, f"no route {method} {path}")
         data = _json_object(body) if method == "POST" else {}
         with self._control:
             try:
                 return route(self, query, data)
             except SamplerError as e:
-                raise _HTTPError(400, str(e)) from e
+                raise HTTPError(400, str(e)) from e
 
     def _pause(self, query: dict[str, str], data: dict[str, Any]) -> object:
         mode = query.get("mode", "abort")  # vLLM's default
         if mode not in ("abort", "wait", "keep"):
-            raise _HTTPError(400, f"mode must be abort, wait or keep, not {mode!r}")
+            raise HTTPError(400, f"mode must be abort, wait or keep, not {mode!r}")
         self.sampler.pause(cast(Any, mode))
         return {"status": "paused"}
 
     def _resume(self, query: dict[str, str], data: dict[str, Any]) -> object:
         if self._sleeping:
-            raise _HTTPError(409, "the server is asleep: POST /wake_up")
+            raise HTTPError(409, "the server is asleep: POST /wake_up")
         self.sampler.resume()
         return {"status": "resumed"}
 
     def _sleep(self, query: dict[str, str], data: dict[str, Any]) -> object:
         if query.get("level", "1") != "1":
-            raise _HTTPError(
+            raise HTTPError(
                 400, "agentrl serve sleeps at level 1 only (the weights stay in CPU memory)"
             )
         self._pause({"mode": query.get("mode", "abort")}, data)
@@ -241,10 +293,10 @@ class CompletionServer:
     def _collective_rpc(self, query: dict[str, str], data: dict[str, Any]) -> object:
         method, kwargs = data.get("method"), data.get("kwargs") or {}
         if method != "reload_weights":
-            raise _HTTPError(400, f"collective_rpc: only method reload_weights, not {method!r}")
+            raise HTTPError(400, f"collective_rpc: only method reload_weights, not {method!r}")
         path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
         if not isinstance(path, str):
-            raise _HTTPError(400, "reload_weights needs kwargs.weights_path (a folder)")
+            raise HTTPError(400, "reload_weights needs kwargs.weights_path (a folder)")
         self._require_paused("reload weights")
         # The version stays until /update_weight_version: nothing samples while paused.
         self.sampler.load_weights(path, self.sampler.policy_version)
@@ -256,7 +308,7 @@ class CompletionServer:
     def _init_transfer(self, query: dict[str, str], data: dict[str, Any]) -> object:
         init_info = data.get("init_info")
         if not isinstance(init_info, dict):
-            raise _HTTPError(400, "Missing 'init_info' in request body")
+            raise HTTPError(400, "Missing 'init_info' in request body")
         self._receiver.init(init_info)
         return {"message": "Weight transfer initialized"}
 
@@ -268,15 +320,15 @@ class CompletionServer:
     def _update_weights(self, query: dict[str, str], data: dict[str, Any]) -> object:
         info = data.get("update_info")
         if not isinstance(info, dict):
-            raise _HTTPError(400, "Missing 'update_info' in request body")
+            raise HTTPError(400, "Missing 'update_info' in request body")
         if self._incoming is None:
-            raise _HTTPError(409, "no weight update under way: POST /start_weight_update")
+            raise HTTPError(409, "no weight update under way: POST /start_weight_update")
         self._incoming.update(self._receiver.receive(info))
         return {"message": "Weights updated"}
 
     def _finish_update(self, query: dict[str, str], data: dict[str, Any]) -> object:
         if self._incoming is None:
-            raise _HTTPError(409, "no weight update under way: POST /start_weight_update")
+            raise HTTPError(409, "no weight update under way: POST /start_weight_update")
         incoming, self._incoming = self._incoming, None
         raw = data.get("weight_version")
         version = (
@@ -288,25 +340,32 @@ class CompletionServer:
 
     def _require_paused(self, what: str) -> None:
         if not self.sampler.is_paused:
-            raise _HTTPError(
+            raise HTTPError(
                 409, f"cannot {what} while generating: POST /pause first (then /resume)"
             )
 
     def _tokenize(self, query: dict[str, str], data: dict[str, Any]) -> object:
         with self._tokenizer_lock:
             if "messages" in data:
-                text = self.tokenizer.apply_chat_template(
-                    data["messages"],
-                    add_generation_prompt=bool(data.get("add_generation_prompt", True)),
-                    tokenize=False,
-                )
+                messages = data["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise HTTPError(400, "messages must be a list of objects")
+                try:
+                    text = self.tokenizer.apply_chat_template(
+                        messages,
+                        add_generation_prompt=bool(data.get("add_generation_prompt", True)),
+                        tokenize=False,
+                    )
+                except Exception as e:  # whatever the template trips over is in the messages
+                    message = f"the chat template cannot render these messages: {e}"
+                    raise HTTPError(400, message) from e
                 ids = self.tokenizer.encode(str(text), add_special_tokens=False)
             elif isinstance(data.get("prompt"), str):
                 ids = self.tokenizer.encode(
                     data["prompt"], add_special_tokens=bool(data.get("add_special_tokens", True))
                 )
             else:
-                raise _HTTPError(400, "tokenize needs prompt (text) or messages")
+                raise HTTPError(400, "tokenize needs prompt (text) or messages")
             tokens = [int(t) for t in cast(list[int], ids)]
             strs = self.tokenizer.convert_ids_to_tokens(tokens)
         return {
@@ -318,10 +377,11 @@ class CompletionServer:
 
     def _detokenize(self, query: dict[str, str], data: dict[str, Any]) -> object:
         tokens = data.get("tokens")
+        vocab = len(self.tokenizer)
         if not isinstance(tokens, list) or any(
-            isinstance(t, bool) or not isinstance(t, int) for t in tokens
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in tokens
         ):
-            raise _HTTPError(400, "detokenize needs tokens (a list of ints)")
+            raise HTTPError(400, f"detokenize needs tokens (a list of ints in 0..{vocab - 1})")
         with self._tokenizer_lock:
             return {"prompt": str(self.tokenizer.decode(tokens))}
 
@@ -329,24 +389,24 @@ class CompletionServer:
         data = _json_object(body)
         unknown = sorted(set(data) - set(CompletionRequest.model_fields))
         if unknown:
-            raise _HTTPError(400, f"unknown fields: {', '.join(unknown)}")
+            raise HTTPError(400, f"unknown fields: {', '.join(unknown)}")
         prompt = data.get("prompt")
         if isinstance(prompt, str) or (
             isinstance(prompt, list) and any(isinstance(p, str) for p in prompt)
         ):
-            raise _HTTPError(400, "prompt is text: send token ids (a list of ints)")
+            raise HTTPError(400, "prompt is text: send token ids (a list of ints)")
         if isinstance(prompt, list) and any(isinstance(p, list) for p in prompt):
-            raise _HTTPError(400, "prompt is a batch: send one list of token ids per request")
+            raise HTTPError(400, "prompt is a batch: send one list of token ids per request")
         if not isinstance(prompt, list) or not prompt:
-            raise _HTTPError(400, "prompt must be a non-empty list of token ids")
+            raise HTTPError(400, "prompt must be a non-empty list of token ids")
         if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in prompt):
-            raise _HTTPError(400, "prompt token ids must be non-negative integers")
+            raise HTTPError(400, "prompt token ids must be non-negative integers")
         try:
             request = CompletionRequest.model_validate(data)
         except ValidationError as e:
-            raise _HTTPError(400, _validation_message(e)) from e
+            raise HTTPError(400, _validation_message(e)) from e
         if request.model is not None and request.model != self.model_name:
-            raise _HTTPError(404, f"The model `{request.model}` does not exist.")
+            raise HTTPError(404, f"The model `{request.model}` does not exist.")
         return request
 
     def _params(self, r: CompletionRequest) -> SamplingParams:
@@ -361,14 +421,26 @@ class CompletionServer:
         }
         bad = [name for name, is_bad in unsupported.items() if is_bad]
         if bad:
-            raise _HTTPError(
+            raise HTTPError(
                 400,
                 f"unsupported values for {', '.join(bad)} (this server does n=1, no stream, "
                 "no echo, logprobs 0, and no top_k/min_p/repetition_penalty)",
             )
+        # vLLM's rule: null means the room the context leaves; more than that is a 400.
+        room = self.sampler.context_length - len(r.prompt)
+        max_tokens = room if r.max_tokens is None else r.max_tokens
+        if room < 1 or max_tokens > room:
+            asked = max(max_tokens, 0)
+            raise HTTPError(
+                400,
+                f"This model's maximum context length is {self.sampler.context_length} tokens. "
+                f"However, you requested {len(r.prompt) + asked} tokens ({len(r.prompt)} in "
+                f"the prompt, {asked} in the completion). Please reduce the length of the "
+                "prompt or completion.",
+            )
         try:
             return SamplingParams(
-                max_tokens=r.max_tokens if r.max_tokens is not None else 16,
+                max_tokens=max_tokens,
                 temperature=r.temperature if r.temperature is not None else 1.0,
                 top_p=r.top_p if r.top_p is not None else 1.0,
                 stop_token_ids=tuple(r.stop_token_ids or ()),
@@ -376,7 +448,7 @@ class CompletionServer:
                 seed=r.seed,
             )
         except ValidationError as e:
-            raise _HTTPError(400, _validation_message(e)) from e
+            raise HTTPError(400, _validation_message(e)) from e
 
     def _response(self, r: CompletionRequest, c: Completion) -> dict[str, Any]:
         ids = c.token_ids
@@ -462,27 +534,207 @@ def serve(
     port: int = 0,
     *,
     model_name: str = EMBEDDED_NAME,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    read_timeout_s: float = READ_TIMEOUT_S,
 ) -> tuple[CompletionServer, str]:
     """Start serving `sampler` in background threads; returns the server and its /v1 URL."""
-    server = CompletionServer(sampler, tokenizer, host, port, model_name)
+    server = CompletionServer(
+        sampler,
+        tokenizer,
+        host,
+        port,
+        model_name,
+        request_timeout_s=request_timeout_s,
+        read_timeout_s=read_timeout_s,
+    )
     log.info("serving %s at %s", model_name, server.url)
     return server, server.url
 
 
-class _HTTPServer(ThreadingHTTPServer):
+# ---- the HTTP layer of agentrl's servers ---------------------------------------------
+
+
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer with a deep listen backlog, for JSONRequestHandler.
+
+    A client that went away (reset, broken pipe, timeout) is one debug log line, not a
+    traceback on stderr.
+    """
+
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
-        self, address: tuple[str, int], handler: type[_Handler], app: CompletionServer
+        self,
+        address: tuple[str, int],
+        handler: type[JSONRequestHandler],
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self.app = app
+        self.read_timeout_s = read_timeout_s
         super().__init__(address, handler)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("client %s went away: %r", client_address, error)
+        else:
+            log.error("a request from %s failed", client_address, exc_info=error)
 
-class _Handler(BaseHTTPRequestHandler):
+
+class JSONRequestHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive with bounded reads and one-line JSON errors.
+
+    Subclasses answer GETs in `do_GET` and POSTs in `handle_post(body)`, and say how an
+    error looks in `reply_error`. The base reads every body (Content-Length only, at most
+    `max_body_bytes`), answers 408 to a request that does not arrive within the server's
+    `read_timeout_s` of its first byte, and turns the stdlib's own errors (a bad request
+    line, headers too long) into `reply_error` too.
+    """
+
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn in front of vLLM does
-    server_version = "agentrl-serve"
     timeout = 60  # an idle keep-alive connection frees its thread after this long
+    max_body_bytes = MAX_BODY_BYTES
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the stdlib's reader, replaced by one with a deadline
+        read_s = cast(QuietHTTPServer, self.server).read_timeout_s
+        self._reader = _RequestReader(self.connection, float(self.timeout), read_s)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.next_request()
+        # What an answer needs, should the request line itself never arrive.
+        self.requestline, self.request_version, self.command = "", self.protocol_version, ""
+        super().handle_one_request()  # a read past the deadline ends it (TimeoutError)
+        if self._reader.expired:
+            self.close_connection = True
+            self.reply_error(408, f"the request did not arrive within {self._reader.request_s:g} s")
+
+    def do_POST(self) -> None:
+        try:
+            body = self._read_body()
+        except HTTPError as e:
+            self.close_connection = True  # the rest of the body is still on the wire
+            self.reply_error(e.status, e.message)
+            return
+        self.handle_post(body)
+
+    def handle_post(self, body: bytes) -> None:
+        self.reply_error(405, f"no POST route {self.path}")
+
+    def reply_error(self, status: int, message: str) -> None:
+        self.send_body(status, json.dumps({"error": message}).encode())
+
+    def client_gone(self) -> bool:
+        """Whether the client closed or reset its connection (polled while it waits)."""
+        poller = select.poll()
+        poller.register(self.connection, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def send_body(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str | None = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Answer the request; a client that went away meanwhile is a debug line."""
+        try:
+            self.connection.settimeout(self.timeout)  # a client that never reads is gone too
+            self.send_response(status)
+            if content_type is not None:
+                self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+        except (ConnectionError, TimeoutError) as e:
+            self.close_connection = True
+            log.debug("%s went away before its answer: %r", self.address_string(), e)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        self.close_connection = True
+        self.reply_error(code, message or HTTPStatus(code).phrase)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            raise HTTPError(411, "send the body with a Content-Length, not chunked")
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= self.max_body_bytes:
+            status = 413 if length > self.max_body_bytes else 400
+            raise HTTPError(status, f"Content-Length must be 0..{self.max_body_bytes}")
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise HTTPError(400, f"the body ended after {len(body)} of {length} bytes")
+        return body
+
+
+class _RequestReader(io.RawIOBase):
+    """A connection's reads: up to `idle_s` for a request's first byte, then all of it
+    within `request_s`, so a client that trickles bytes (slowloris) or sends less body
+    than its Content-Length lets go of its thread."""
+
+    def __init__(self, sock: socket.socket, idle_s: float, request_s: float) -> None:
+        self._sock = sock
+        self.idle_s = idle_s
+        self.request_s = request_s
+        self.deadline: float | None = None
+        self.expired = False
+
+    def next_request(self) -> None:
+        self.deadline, self.expired = None, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        timeout = self.idle_s if self.deadline is None else self.deadline - time.monotonic()
+        if timeout <= 0:
+            self.expired = True
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(timeout)
+        try:
+            n = self._sock.recv_into(buffer)
+        except TimeoutError:
+            self.expired = self.deadline is not None
+            raise
+        if self.deadline is None and n:
+            self.deadline = time.monotonic() + self.request_s
+        return n
+
+
+# ---- agentrl serve's routes -----------------------------------------------------------
+
+
+class _HTTPServer(QuietHTTPServer):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[_Handler],
+        app: CompletionServer,
+        read_timeout_s: float,
+    ) -> None:
+        self.app = app
+        super().__init__(address, handler, read_timeout_s)
+
+
+class _Handler(JSONRequestHandler):
+    server_version = "agentrl-serve"
 
     @property
     def app(self) -> CompletionServer:
@@ -491,33 +743,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
         if path == "/health":
-            self._send(200, b"", {})
+            self.send_body(200, b"", None)
         elif path == "/v1/models":
             self._json(200, self.app.models())
         else:
             self._control("GET", b"")
 
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY_BYTES:
-            self.close_connection = True
-            self._error(400, f"Content-Length must be 0..{MAX_BODY_BYTES}")
-            return
-        body = self.rfile.read(length)
-        if path != "/v1/completions":
+    def handle_post(self, body: bytes) -> None:
+        if urlsplit(self.path).path.rstrip("/") != "/v1/completions":
             self._control("POST", body)
             return
         try:
-            payload, headers = self.app.complete(body)
-        except _HTTPError as e:
-            self._error(e.status, e.message)
+            payload, headers = self.app.complete(body, self.client_gone)
+        except _ClientGone:
+            self.close_connection = True
+            log.debug("%s went away: its completion was cancelled", self.address_string())
+        except HTTPError as e:
+            self.reply_error(e.status, e.message)
         except Exception as e:  # the request boundary: one failed request, not a dead server
             log.exception("completion request failed")
-            self._error(500, f"{type(e).__name__}: {e}")
+            self.reply_error(500, f"{type(e).__name__}: {e}")
         else:
             self._json(200, payload, headers)
 
@@ -526,38 +771,27 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
             payload = self.app.control(method, parts.path.rstrip("/"), query, body)
-        except _HTTPError as e:
-            self._error(e.status, e.message)
+        except HTTPError as e:
+            self.reply_error(e.status, e.message)
         except Exception as e:  # one failed control call, not a dead server
             log.exception("%s %s failed", method, parts.path)
-            self._error(500, f"{type(e).__name__}: {e}")
+            self.reply_error(500, f"{type(e).__name__}: {e}")
         else:
             self._json(200, payload)
 
     def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(payload).encode()
-        self._send(status, body, {"Content-Type": "application/json", **(headers or {})})
+        self.send_body(status, json.dumps(payload).encode(), headers=headers)
 
-    def _error(self, status: int, message: str) -> None:
-        kind = {
-            400: "BadRequestError",
-            404: "NotFoundError",
-            409: "ConflictError",
-            503: "ServiceUnavailableError",
+    def reply_error(self, status: int, message: str) -> None:
+        """vLLM's (OpenAI's) error body, with a one-line message."""
+        kind = "InternalServerError" if status == 500 else HTTPStatus(status).phrase
+        error = {
+            "message": " ".join(message.splitlines()),
+            "type": kind.replace(" ", "").removesuffix("Error") + "Error",
+            "param": None,
+            "code": status,
         }
-        error = {"message": message, "type": kind.get(status, "InternalServerError")}
-        self._json(status, {"error": {**error, "param": None, "code": status}})
-
-    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        self._json(status, {"error": error})
 
 
 async def _cancel_other_tasks() -> None:
@@ -567,15 +801,24 @@ async def _cancel_other_tasks() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def load_json(body: bytes) -> object:
+    """Parse a request body: strict JSON (no NaN or Infinity); HTTPError 400 if it is not."""
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # ValueError: also an int of 5000 digits
+        raise HTTPError(400, f"the body is not JSON: {e}".splitlines()[0]) from None
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _HTTPError(400, f"the body is not JSON: {e}") from e
+    data = load_json(body)
     if not isinstance(data, dict):
-        raise _HTTPError(400, "the body must be a JSON object")
+        raise HTTPError(400, "the body must be a JSON object")
     return data
 
 
@@ -585,7 +828,7 @@ def _version(value: object, field: str) -> int:
     except ValueError:
         version = -1
     if version < 0:
-        raise _HTTPError(400, f"{field} must be a non-negative integer, got {value!r}")
+        raise HTTPError(400, f"{field} must be a non-negative integer, got {value!r}")
     return version
 
 

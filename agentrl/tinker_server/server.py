@@ -1,11 +1,14 @@
 """HTTP for `agentrl serve-tinker`: the Tinker API under /api/v1 on the stdlib
-ThreadingHTTPServer (HTTP/1.1, keep-alive), like `agentrl serve`. Binds 127.0.0.1
-unless told otherwise.
+ThreadingHTTPServer (HTTP/1.1, keep-alive), with `agentrl serve`'s HTTP layer
+(`QuietHTTPServer`, `JSONRequestHandler`: a deep listen backlog, a request that must
+arrive within `read_timeout_s` of its first byte, quiet about clients that left). Binds
+127.0.0.1 unless told otherwise.
 
 Every answer has a Content-Length. Results are JSON, except the forward_backward and
-sample results, which are protobuf. A body that is no request gets 400 with
-`{"detail": "<one line>"}` and `x-should-retry: false` (the SDK raises at once); an
-unknown model 404; a closed session 410. A failed *operation* is not an HTTP error:
+sample results, which are protobuf. A body that is no request (not JSON, NaN, a wrong
+type, too large, cut short) gets a 4xx with `{"detail": "<one line>"}` and
+`x-should-retry: false` (the SDK raises at once); an unknown model 404; a closed
+session 410. A failed *operation* is not an HTTP error:
 its future answers `{"error", "category"}` and the SDK raises RequestFailedError.
 retrieve_future holds the request up to LONG_POLL_S, then answers 408, on which the
 SDK polls again at once. With an API key set, every route but healthz needs it in
@@ -19,7 +22,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -28,6 +30,13 @@ from pydantic import BaseModel, ValidationError
 from tinker import types
 
 from agentrl.errors import ConfigError
+from agentrl.inference.serve import (
+    READ_TIMEOUT_S,
+    HTTPError,
+    JSONRequestHandler,
+    QuietHTTPServer,
+    load_json,
+)
 from agentrl.tinker_server.service import ServiceConfig, TinkerService
 from agentrl.tinker_server.wire import RequestError, UserError, decode_forward_backward
 
@@ -88,13 +97,18 @@ class TinkerServer:
     """The running server: `url`, and an idempotent `close()` that also closes `service`."""
 
     def __init__(
-        self, service: TinkerService, host: str, port: int, api_key: str | None = None
+        self,
+        service: TinkerService,
+        host: str,
+        port: int,
+        api_key: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.service = service
         self.api_key = api_key
         self._closed = threading.Event()
         try:
-            self._httpd = _HTTPServer((host, port), _Handler, self)
+            self._httpd = _HTTPServer((host, port), _Handler, self, read_timeout_s)
         except OSError as e:
             raise ConfigError(
                 f"cannot listen on {host}:{port}: {e.strerror or e}; pick a free port with "
@@ -126,47 +140,56 @@ class TinkerServer:
         log.info("stopped")
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _HTTPServer(QuietHTTPServer):
     def __init__(
-        self, address: tuple[str, int], handler: type[_Handler], app: TinkerServer
+        self,
+        address: tuple[str, int],
+        handler: type[_Handler],
+        app: TinkerServer,
+        read_timeout_s: float,
     ) -> None:
         self.app = app
-        super().__init__(address, handler)
+        super().__init__(address, handler, read_timeout_s)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(JSONRequestHandler):
     server_version = "agentrl-serve-tinker"
     timeout = 120  # an idle keep-alive connection frees its thread after this long
+    max_body_bytes = MAX_BODY_BYTES
 
     @property
     def app(self) -> TinkerServer:
         return cast(_HTTPServer, self.server).app
 
     def do_GET(self) -> None:
-        self._answer("GET")
+        self._answer("GET", b"")
 
-    def do_POST(self) -> None:
-        self._answer("POST")
+    def handle_post(self, body: bytes) -> None:
+        self._answer("POST", body)
 
-    def _answer(self, method: str) -> None:
+    def reply_error(self, status: int, message: str) -> None:
+        """Tinker's error body: one line, and the SDK should not retry it."""
+        detail = {"detail": " ".join(message.splitlines())}
+        self._json(status, detail, {"x-should-retry": "false"})
+
+    def _answer(self, method: str, body: bytes) -> None:
         path = urlsplit(self.path).path
         try:
-            body = self._body() if method == "POST" else b""
+            encoding = self.headers.get("Content-Encoding", "identity").lower()
+            if method == "POST" and encoding != "identity":
+                raise RequestError(f"Content-Encoding {encoding} is not supported: send it plain")
             if path != PREFIX + "healthz":
                 self._authorize()
             self._route(
                 method, path.removeprefix(PREFIX) if path.startswith(PREFIX) else None, body
             )
-        except RequestError as e:
-            self._json(e.status, {"detail": e.message}, {"x-should-retry": "false"})
+        except (RequestError, HTTPError) as e:
+            self.reply_error(e.status, e.message)
         except UserError as e:
-            self._json(400, {"detail": e.message}, {"x-should-retry": "false"})
+            self.reply_error(400, e.message)
         except Exception as e:  # the request boundary: one failed request, not a dead server
             log.exception("%s %s failed", method, path)
-            self._json(500, {"detail": f"{type(e).__name__}: {e}"})
+            self._json(500, {"detail": " ".join(f"{type(e).__name__}: {e}".splitlines())})
 
     def _route(self, method: str, route: str | None, body: bytes) -> None:
         service = self.app.service
@@ -201,26 +224,9 @@ class _Handler(BaseHTTPRequestHandler):
             message, category = future.error
             self._json(200, {"error": message, "category": category})
         elif isinstance(future.result, bytes):
-            self._send(200, future.result, PROTO)
+            self.send_body(200, future.result, PROTO)
         else:
             self._json(200, future.result or {})
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise RequestError("send the body with a Content-Length, not chunked")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY_BYTES:
-            self.close_connection = True
-            raise RequestError(f"Content-Length must be 0..{MAX_BODY_BYTES}")
-        body = self.rfile.read(length)
-        encoding = self.headers.get("Content-Encoding", "identity").lower()
-        if encoding != "identity":
-            raise RequestError(f"Content-Encoding {encoding} is not supported: send it plain")
-        return body
 
     def _authorize(self) -> None:
         expected = self.app.api_key
@@ -229,21 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError("wrong or missing X-API-Key", 401)
 
     def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json", headers)
-
-    def _send(
-        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        self.send_body(status, json.dumps(payload).encode(), "application/json", headers)
 
 
 def _is_finish(route: str) -> bool:
@@ -252,12 +244,7 @@ def _is_finish(route: str) -> bool:
 
 
 def _json(body: bytes) -> object:
-    if not body.strip():
-        return {}
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"the body is not JSON: {e}") from e
+    return load_json(body) if body.strip() else {}
 
 
 def _validate(model: type[BaseModel], body: bytes) -> Any:
@@ -285,6 +272,7 @@ def serve(
     max_models: int = 2,
     keep_samplers: int = 2,
     api_key: str | None = None,
+    read_timeout_s: float = READ_TIMEOUT_S,
 ) -> TinkerServer:
     """Start serving `model` (`embedded` or a transformers model folder) in background
     threads; learners and samplers are built when clients ask for them.
@@ -324,7 +312,7 @@ def serve(
     pad_id = int(pad if pad is not None else min(eos, default=0))  # any id: it is masked
     service = TinkerService(config, tokenizer, sorted(eos), pad_id, device)
     try:
-        return TinkerServer(service, host, port, api_key)
+        return TinkerServer(service, host, port, api_key, read_timeout_s)
     except BaseException:
         service.close()
         raise

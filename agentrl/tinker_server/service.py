@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SESSION_TIMEOUT_S = 60.0
+MAX_NUM_SAMPLES = 1024  # per sample request: each one is a row in the sampler's queue
+MAX_LORA_RANK = 1024  # beyond any useful adapter; a huge rank would exhaust memory
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class TinkerService:
                 self._check_base_model(req.base_model)
                 _check_adamw(req.optimizer_config)
                 lora = req.lora_config if req.lora_config and req.lora_config.rank > 0 else None
+                if lora is not None and lora.rank > MAX_LORA_RANK:
+                    raise UserError(f"lora rank {lora.rank} is above {MAX_LORA_RANK}")
                 model = self._add_model(model_id, req.session_id, lora)
             except UserError as e:
                 future.fail(str(e))
@@ -314,13 +318,15 @@ class TinkerService:
         return {"sampler_id": session_id, "base_model": self.config.name, "model_path": None}
 
     def asample(self, req: types.SampleRequest) -> dict[str, Any]:
+        if not 1 <= req.num_samples <= MAX_NUM_SAMPLES:
+            raise RequestError(f"num_samples must be 1..{MAX_NUM_SAMPLES}, got {req.num_samples}")
         key = None
         if req.sampling_session_id is not None and req.seq_id is not None:
             key = (req.sampling_session_id, req.seq_id)
         future, new = self.futures.create("sample", key)
         if new:
             self.samplers.submit(future, req)
-        ids = [f"{future.request_id}:{i}" for i in range(max(0, req.num_samples))]
+        ids = [f"{future.request_id}:{i}" for i in range(req.num_samples)]
         return {"request_id": future.request_id, "sample_sequence_ids": ids}
 
     def capabilities(self) -> dict[str, Any]:

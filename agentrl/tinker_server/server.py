@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from tinker import types
 
 from agentrl.errors import ConfigError
-from agentrl.inference.serve import (
+from agentrl.inference.httpd import (
     READ_TIMEOUT_S,
     HTTPError,
     JSONRequestHandler,

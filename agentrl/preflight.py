@@ -6,7 +6,8 @@ context is one error and exit 1 instead of a run of N infrastructure failures:
 
 1. every instance's first prompt fits `limits.context_length` (the run's tokenizer);
 2. the policy answers, for samplers that talk to a server (`check()`);
-3. each task's first instance goes through INIT (image, files, setup) and is closed.
+3. each task's first instance goes through INIT (image, files, setup; tried as often as
+   an episode's INIT) and is closed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agentrl.agent import PROMPT_FIX, open_chat, prompt_overflow
 from agentrl.errors import AgentRLError, ConfigError, SandboxError
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 INIT_TIMEOUT = 900.0
 """Seconds the trial INIT may take (an image built from a recipe, a long setup)."""
+INIT_ATTEMPTS = 3
+"""Tries of the trial INIT: the dispatchers' default `init_attempts`."""
 
 
 def check_prompts(task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -63,9 +68,19 @@ async def _trial_init(env: EpisodeEnv) -> None:
     task = env.task
     instance = task.instances[0]
     sandbox = None
+    # Tried as often as an episode's INIT is (the dispatchers' init_attempts), so an
+    # engine hiccup at this moment does not stop a run that would have worked.
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type((SandboxError, TimeoutError)),
+        stop=stop_after_attempt(INIT_ATTEMPTS),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
     try:
-        async with asyncio.timeout(INIT_TIMEOUT):
-            sandbox = await env.init(instance, name=f"preflight-{instance.id}")
+        async for attempt in retrying:
+            with attempt:
+                async with asyncio.timeout(INIT_TIMEOUT):
+                    sandbox = await env.init(instance, name=f"preflight-{instance.id}")
     except TimeoutError:
         raise SandboxError(
             f"{task.spec.name}: INIT of instance {instance.id} took over {INIT_TIMEOUT:g} s "

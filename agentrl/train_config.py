@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from agentrl.algorithms import AdvantageConfig, LossConfig
-from agentrl.backends.fsdp import FSDPConfig
-from agentrl.backends.tinker import TinkerConfig
+from agentrl.algorithm_config import AdvantageConfig, LossConfig
+from agentrl.backends.config import FSDPConfig, TinkerConfig
 from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError

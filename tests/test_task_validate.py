@@ -319,3 +319,21 @@ def test_check_task_never_raises_on_mangled_files(tmp_path):
     assert check_task(tmp_path / "bin.yaml")[0].field == "task"
     (folder_problem,) = check_task(tmp_path)  # a folder without a task: a problem, not a crash
     assert folder_problem.message == "no task.yaml or task.toml in this folder"
+
+
+@pytest.mark.parametrize(
+    "config", ["examples/train/shell-basics.yaml", "examples/train/shell-basics-tinker.yaml"]
+)
+def test_validating_a_train_config_imports_no_torch_transformers_tinker_or_ray(config):
+    """Configs live apart from what they configure: `agentrl validate` of a train config
+    (both backends) loads none of the heavy libraries, so it answers in well under a
+    second instead of after importing torch."""
+    root = Path(__file__).parents[1]
+    code = (
+        "import sys\n"
+        "from agentrl.cli import main\n"
+        f"assert main(['validate', {str(root / config)!r}]) == 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'tinker', 'ray') if m in sys.modules]\n"
+        "assert not heavy, f'imported: {heavy}'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

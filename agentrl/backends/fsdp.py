@@ -26,11 +26,10 @@ import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from pydantic import Field
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -46,60 +45,13 @@ from transformers import PreTrainedModel
 from agentrl.algorithms import LossConfig, policy_loss
 from agentrl.backends import base, checkpoint, lora
 from agentrl.backends.base import Sample, WeightSink
-from agentrl.backends.lora import LoraSpec
-from agentrl.backends.optim import OptimizerConfig
+from agentrl.backends.config import FSDPConfig
 from agentrl.backends.process_group import join_process_group, leave_process_group
 from agentrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 _SUMMED_METRICS = frozenset({"loss", "pg_loss", "kl_loss", "tokens"})  # the rest: token means
-
-
-class FSDPConfig(OptimizerConfig):
-    """Optimizer, schedule and batching of the FSDP backend."""
-
-    type: Literal["fsdp"] = "fsdp"
-    micro_batch_tokens: int = Field(
-        default=4096, ge=1, description="padded tokens per forward pass (a longer sample: alone)"
-    )
-    temperature: float = Field(
-        default=1.0, gt=0, description="the sampling temperature; logits are divided by it"
-    )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="compute dtype; bfloat16 (fp32 master weights) needs CUDA"
-    )
-    gradient_checkpointing: bool = Field(default=False, description="recompute activations")
-    seed: int = Field(default=0, description="seeds torch, python and numpy at start")
-    reference_model: bool = Field(
-        default=False,
-        description="a reference policy for KL: a frozen copy of the initial weights (with "
-        "lora: the base model, adapters off, at no extra memory)",
-    )
-    lora: LoraSpec | None = Field(
-        default=None, description="train LoRA adapters on frozen weights; null: full weights"
-    )
-
-    def check(self) -> FSDPConfig:
-        """Reject what this machine cannot run (before any model is loaded)."""
-        if self.dtype == "bfloat16" and not torch.cuda.is_available():
-            raise ConfigError(
-                "fsdp: dtype bfloat16 needs CUDA, and no CUDA device is visible",
-                fix="use dtype: float32 on CPU",
-            )
-        return self
-
-    def validate_loss(self, loss: LossConfig) -> None:
-        """Reject loss options this backend cannot honour instead of ignoring them."""
-        if loss.kl_coef > 0 and not self.reference_model:
-            raise ConfigError(
-                f"loss kl_coef {loss.kl_coef} needs a reference model, but fsdp "
-                "reference_model is false",
-                fix="set reference_model: true in the fsdp config, or kl_coef: 0",
-            )
-
-    def build(self, model_path: str | os.PathLike[str] | None = None) -> FSDPBackend:
-        return FSDPBackend(self, model_path)
 
 
 class FSDPBackend:

@@ -35,16 +35,12 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from ipaddress import ip_address
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
-
-from pydantic import Field
+from typing import TYPE_CHECKING, Any
 
 from agentrl.backends import base, checkpoint
 from agentrl.backends.base import Sample, WeightSink
-from agentrl.backends.optim import OptimizerConfig
+from agentrl.backends.config import TinkerConfig
 from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,82 +50,6 @@ if TYPE_CHECKING:
     from agentrl.inference.tinker import TinkerSampler
 
 log = logging.getLogger(__name__)
-
-LOCAL_API_KEY = "tml-agentrl-local"  # what a loopback server is sent when no key is set
-
-
-class TinkerConfig(OptimizerConfig):
-    """Train on a Tinker service (hosted, or `agentrl serve-tinker`)."""
-
-    type: Literal["tinker"] = "tinker"
-    base_url: str | None = Field(
-        default=None,
-        description="the service; null: $TINKER_BASE_URL, else the hosted Tinker "
-        "(whose key comes from $TINKER_API_KEY)",
-    )
-    base_model: str = Field(
-        default="HuggingFaceTB/SmolLM2-135M-Instruct",
-        description="the model the service trains, by its name there; its tokenizer must "
-        "be the run's (model: in the train config)",
-    )
-    lora_rank: int = Field(
-        default=32, ge=0, description="LoRA rank; 0: full weights (agentrl serve-tinker only)"
-    )
-    timeout: float = Field(default=900.0, gt=0, description="seconds to wait for one call")
-    temperature: float = Field(
-        default=1.0, gt=0, description="the sampling temperature (set from the tasks); must be 1"
-    )
-    seed: int = Field(default=0, description="seeds the LoRA initialisation")
-
-    def check(self) -> TinkerConfig:
-        """Reject what Tinker cannot do, before any connection is made."""
-        if self.temperature != 1.0:
-            raise ConfigError(
-                f"the tinker backend scores tokens at temperature 1, but the tasks sample "
-                f"at temperature {self.temperature}: the importance ratios would be wrong",
-                fix="set temperature: 1.0 in the train config, or use backend type fsdp",
-            )
-        return self
-
-    def validate_loss(self, loss: LossConfig) -> None:
-        """Reject loss options Tinker's losses cannot express instead of ignoring them."""
-        if loss.kl_coef > 0:
-            raise ConfigError(
-                f"loss kl_coef {loss.kl_coef}: Tinker's losses have no KL term",
-                fix="set algorithm.loss.kl_coef: 0, or use backend type fsdp",
-            )
-        if loss.type == "ppo" and loss.dual_clip is not None:
-            raise ConfigError(
-                f"loss dual_clip {loss.dual_clip}: Tinker's ppo loss has no dual clip",
-                fix="set algorithm.loss.dual_clip: null, or use backend type fsdp",
-            )
-
-    def api_key(self) -> str | None:
-        """$TINKER_API_KEY; a loopback server without one gets a placeholder."""
-        key = os.environ.get("TINKER_API_KEY")
-        if key:
-            return key
-        url = self.base_url or os.environ.get("TINKER_BASE_URL")
-        if url and _loopback(url):
-            return LOCAL_API_KEY
-        raise ConfigError(
-            f"the tinker backend needs an API key for {url or 'the hosted Tinker service'}",
-            fix="export TINKER_API_KEY=tml-... (or point base_url at agentrl serve-tinker)",
-        )
-
-    def build(self, model_path: str | os.PathLike[str] | None = None) -> TinkerBackend:
-        del model_path  # the service holds the model: base_model names it
-        return TinkerBackend(self)
-
-
-def _loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def loss_call(loss: LossConfig) -> tuple[str, dict[str, float]]:

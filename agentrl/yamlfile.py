@@ -382,10 +382,11 @@ def _bools_as_numbers(value: object, data: object, loc: Loc) -> Iterator[Loc]:
 
 
 def _is_number(tp: Any) -> bool:
-    members = [m for m in get_args(tp) if m is not type(None)] if get_origin(tp) else [tp]
-    if get_origin(tp) not in (None, Union, types.UnionType):
-        return False
-    return bool(members) and all(m in (int, float) for m in members)
+    """Whether a field of type `tp` holds a number (int, float, their union, optional)."""
+    tp = _strip_none(tp)
+    if get_origin(tp) in (Union, types.UnionType):
+        return all(m in (int, float, type(None)) for m in get_args(tp))
+    return tp in (int, float)
 
 
 def _is_extra(e: ErrorDetails, w: _Where) -> bool:

@@ -1,35 +1,40 @@
-"""The warm pool hands out sandboxes that are already running, and cleans up after itself."""
+"""The warm pool hands out sandboxes that are already running, and cleans up after itself.
+
+What is tested is the pool, not isolation: it runs on the local provider, whose every
+live sandbox is a folder `agentrl-local-*` in the temp dir (pointed at tmp_path here).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
-from agentrl.sandbox.docker import DockerProvider
-from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.local import LocalProvider, LocalSandbox
 from agentrl.sandbox.pool import WarmPool
 
-pytestmark = pytest.mark.docker
+
+@pytest.fixture
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder where sandboxes live while they run."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    return tmp_path
 
 
-def _count(run_id: str) -> int:
-    client = docker_client()
-    try:
-        return len(client.containers.list(all=True, filters={"label": f"agentrl.run={run_id}"}))
-    finally:
-        client.close()
+def _count(live: Path) -> int:
+    return len(list(live.glob("agentrl-local-*")))
 
 
-def test_pool_hands_out_ready_sandboxes_and_refills() -> None:
-    run_id = f"test-pool-{uuid.uuid4().hex[:8]}"
-
+def test_pool_hands_out_ready_sandboxes_and_refills(live: Path) -> None:
     async def main() -> None:
-        pool = WarmPool(DockerProvider(), SandboxSpec(run_id=run_id), size=2)
+        pool = WarmPool(LocalProvider(), SandboxSpec(run_id="test-pool"), size=2)
         await pool.start()
-        assert pool.idle == 2 and _count(run_id) == 2
+        assert pool.idle == 2 and _count(live) == 2
         taken = [await pool.acquire(), await pool.acquire(), await pool.acquire()]
         try:
             assert len({s.id for s in taken}) == 3  # the third was started on demand
@@ -40,7 +45,7 @@ def test_pool_hands_out_ready_sandboxes_and_refills() -> None:
                 if pool.idle == 2:
                     break
                 await asyncio.sleep(0.1)
-            assert pool.idle == 2
+            assert pool.idle == 2 and _count(live) == 5
         finally:
             for sandbox in taken:
                 await sandbox.close()
@@ -50,17 +55,30 @@ def test_pool_hands_out_ready_sandboxes_and_refills() -> None:
             await pool.acquire()
 
     asyncio.run(main())
-    assert _count(run_id) == 0
+    assert _count(live) == 0
 
 
-def test_pool_start_error_leaves_nothing_running() -> None:
-    run_id = f"test-pool-{uuid.uuid4().hex[:8]}"
+class EveryOtherFails(LocalProvider):
+    """Its second, fourth... start fails, as an engine might mid-way."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts = 0
+
+    async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        self.starts += 1
+        if self.starts % 2 == 0:
+            raise SandboxError("image agentrl/no-such-image:nope not found")
+        return await super().start(spec)
+
+
+def test_pool_start_error_leaves_nothing_running(live: Path) -> None:
     async def main() -> None:
-        spec = SandboxSpec(run_id=run_id, image="agentrl/no-such-image:nope")
-        pool = WarmPool(DockerProvider(), spec, size=2)
-        with pytest.raises(Exception, match="not found"):
+        provider = EveryOtherFails()
+        pool = WarmPool(provider, SandboxSpec(run_id="test-pool"), size=2)
+        with pytest.raises(SandboxError, match="not found"):
             await pool.start()
+        assert provider.starts == 2  # one started, and was closed again
 
     asyncio.run(main())
-    assert _count(run_id) == 0
+    assert _count(live) == 0

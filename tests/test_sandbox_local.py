@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import pexpect
 import pytest
 
 import agentrl.sandbox.local as local_mod
 from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox import provider
-from agentrl.sandbox.base import ExecRequest, SandboxSpec
+from agentrl.sandbox.base import ExecRequest, SandboxSpec, Shell
 from agentrl.sandbox.local import LocalProvider, LocalSandbox, snapshots_dir
 
 T = TypeVar("T")
@@ -165,23 +165,35 @@ def test_snapshot_and_restore(cache: Path) -> None:
     asyncio.run(go())
 
 
-def test_shell_is_a_bytes_pexpect_and_can_be_killed() -> None:
+def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
+    """Read until `pattern` shows up; TimeoutError if it does not within `timeout` s."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while (found := re.search(pattern, seen)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pattern!r} not in {seen[-300:]!r}")
+        seen += shell.read(0.1)
+    return found
+
+
+def test_shell_is_a_bytes_pty_and_can_be_killed() -> None:
     async def body(sb: LocalSandbox) -> None:
         sh = await sb.shell(["bash", "--norc", "--noprofile"])
-        sh.sendline(b"cd /tmp && echo hi-$((1+1))")
-        sh.expect(b"hi-2", timeout=10)
-        sh.sendline(b"sleep 1000 & echo bg=$!")
-        sh.expect(rb"bg=(\d+)", timeout=10)
-        bg = int(sh.match.group(1))
-        await sb.kill_shell(sh)
+        sh.send(b"cd /tmp && echo hi-$((1+1))\n")
+        read_until(sh, b"hi-2", timeout=10)
+        sh.send(b"sleep 1000 & echo bg=$!\n")
+        bg = int(read_until(sh, rb"bg=(\d+)\r", timeout=10).group(1))
+        await sh.close()
         await asyncio.sleep(0.1)
-        assert not _alive(bg) and not sh.isalive()
-        await sb.kill_shell(sh)  # idempotent
+        assert not _alive(bg) and not sh.alive()
+        await sh.close()  # idempotent
         again = await sb.shell(["bash", "--norc", "--noprofile"])
-        again.sendline(b"echo $PWD")
-        again.expect(str(sb.root).encode(), timeout=10)
-        with pytest.raises(pexpect.TIMEOUT):
-            again.expect(b"never printed", timeout=0.2)
+        again.send(b"echo $PWD\n")
+        read_until(again, str(sb.root).encode(), timeout=10)
+        with pytest.raises(TimeoutError):
+            read_until(again, b"never printed", timeout=0.2)
+        again.send(b"exit\n")
+        with pytest.raises(EOFError):  # a shell that exits ends its output
+            read_until(again, b"never printed", timeout=10)
 
     with_sandbox(body)
 
@@ -192,7 +204,7 @@ def test_close_is_idempotent_and_kills_shells() -> None:
         sh = await sb.shell(["bash", "--norc", "--noprofile"])
         await sb.close()
         await sb.close()
-        assert not sb.root.exists() and not sh.isalive()
+        assert not sb.root.exists() and not sh.alive()
         with pytest.raises(SandboxError, match="closed"):
             await sb.exec(ExecRequest(command="true"))
 

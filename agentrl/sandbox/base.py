@@ -1,19 +1,16 @@
-"""The sandbox seam: a provider starts sandboxes, a sandbox runs things.
+"""The sandbox seam: a provider starts sandboxes, a sandbox runs things, and a shell is
+one interactive process inside a sandbox.
 
 Everything that crosses this seam is a pydantic model (picklable config and
-request/response records); live objects (containers, sockets, shells) stay inside
-the implementation. Two implementations: `docker` and `local`.
+request/response records) or bytes; live objects (containers, sockets, ptys) stay
+inside the implementation. Two implementations: `docker` and `local`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from pexpect.spawnbase import SpawnBase
-
 
 OUTPUT_KEEP_BYTES = 1 << 20
 """`exec` keeps this many bytes of output from the start and as many from the end."""
@@ -128,6 +125,25 @@ class HeadTail:
         return bytes(self._head).decode(errors="replace") + marker + tail.decode(errors="replace")
 
 
+class Shell(Protocol):
+    """An interactive process in a sandbox, on a pty (echo on, 200 columns): bytes in, bytes
+    out. `send` and `read` block (call them from a thread); `close` is idempotent."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def read(self, timeout: float) -> bytes:
+        """What it wrote next (up to 64 KiB), waiting up to `timeout` s: b"" if nothing came.
+        Raises EOFError once it has exited and everything it wrote was read."""
+        ...
+
+    def alive(self) -> bool: ...
+
+    async def close(self) -> None:
+        """Kill it and every process it started (its session); a wedged shell is replaced
+        by `close()` then `Sandbox.shell(argv)`."""
+        ...
+
+
 class Sandbox(Protocol):
     """A running sandbox. `close()` is idempotent and always removes it."""
 
@@ -139,15 +155,8 @@ class Sandbox(Protocol):
 
     async def exec(self, request: ExecRequest) -> ExecResult: ...
 
-    async def shell(self, argv: list[str]) -> SpawnBase:
-        """An interactive process (a pty, bytes mode, echo on) inside the sandbox."""
-        ...
-
-    async def kill_shell(self, shell: SpawnBase) -> None:
-        """Kill a `shell()` process and everything it started; idempotent.
-
-        A caller restarts a wedged shell with `kill_shell(old)` then `shell(argv)`.
-        """
+    async def shell(self, argv: list[str]) -> Shell:
+        """Start `argv` as an interactive process in the workdir; closing the sandbox closes it."""
         ...
 
     async def read_file(self, path: str) -> bytes: ...

@@ -36,6 +36,7 @@ from agentrl.sandbox.base import (
     Usage,
 )
 from agentrl.sandbox.procs import ExitBackstop, count_marked, kill_marked, kill_session, tree_bytes
+from agentrl.sandbox.shell import PtyShell
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class LocalSandbox:
         self.root = root.resolve()
         self._id = f"local-{self.root.name.removeprefix('agentrl-local-')}"
         self._running: set[int] = set()  # session ids of execs in flight
-        self._shells: list[pexpect.spawn] = []
+        self._shells: set[PtyShell] = set()
         self._closed = False
         self._lock = threading.Lock()
         _backstop.add(self._id, self.close_now)
@@ -205,8 +206,9 @@ class LocalSandbox:
             seconds=time.monotonic() - started,
         )
 
-    async def shell(self, argv: list[str]) -> pexpect.spawn:
-        """A pexpect spawn (bytes mode, pty echo on, 200 columns) in the workdir."""
+    async def shell(self, argv: list[str]) -> LocalShell:
+        """`argv` on a pty (bytes, echo on, 200 columns) in the workdir; its `close()` kills
+        it and everything in its session."""
         self._check_open()
         env = {**self._env({}), "TERM": self._spec.env.get("TERM", "xterm")}  # as docker's tty
         child = pexpect.spawn(
@@ -219,17 +221,7 @@ class LocalSandbox:
             use_poll=True,
             preexec_fn=_default_signals,
         )
-        self._shells.append(child)
-        return child
-
-    async def kill_shell(self, shell: pexpect.spawn) -> None:
-        """Kill the shell and every process in its session; then `shell()` starts a new one."""
-        if shell.pid is not None:
-            kill_session(shell.pid)
-        with contextlib.suppress(Exception):
-            shell.close(force=True)
-        with contextlib.suppress(ValueError):
-            self._shells.remove(shell)
+        return LocalShell(child, self._shells)
 
     async def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -300,18 +292,24 @@ class LocalSandbox:
             self._closed = True
             for sid in list(self._running):
                 kill_session(sid)
-            for child in self._shells:
-                if child.pid is not None:
-                    kill_session(child.pid)
-                with contextlib.suppress(Exception):
-                    child.close(force=True)
-            self._shells.clear()
+            for shell in list(self._shells):
+                shell.release()
             shutil.rmtree(self.root, ignore_errors=True)
         _backstop.discard(self._id)
 
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self._id} is closed", fix="start a new sandbox")
+
+
+class LocalShell(PtyShell):
+    """A `shell()` of a `LocalSandbox`: a child process on a pty of this machine."""
+
+    def release(self) -> None:
+        """SIGKILL the shell and every process in its session; idempotent."""
+        if not self._closed and self._spawn.pid is not None:  # once: the pid may be reused
+            kill_session(self._spawn.pid)
+        super().release()  # pexpect's close(force=True) reaps the shell
 
 
 class _Collector(asyncio.SubprocessProtocol):

@@ -1,0 +1,173 @@
+"""Removing what sandboxes leave: containers (one at a time, or every one a dead run
+left), snapshot images, and the atexit backstop for sandboxes never closed.
+
+`reap()` runs in every new `DockerProvider`; `gc()` is `agentrl gc`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, NotFound
+from pydantic import BaseModel, ConfigDict
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
+from agentrl.sandbox.docker.engine import (
+    EXPIRES,
+    OWNER,
+    RUN,
+    SNAPSHOT_OF,
+    first_line,
+    retry_transient,
+    transient,
+)
+from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.procs import ExitBackstop, pid_alive
+
+log = logging.getLogger(__name__)
+
+backstop = ExitBackstop()
+"""Closes, at interpreter exit, every sandbox of this process not closed by then."""
+unremoved: set[str] = set()
+"""Containers whose close() gave up in this process; the next `reap()` here removes them."""
+
+
+class GcReport(BaseModel):
+    """What `gc` or `remove_run` removed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    containers: int = 0
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+
+
+def _remove_once(api: Any, container_id: str) -> None:
+    try:
+        api.remove_container(container_id, force=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        if exc.status_code != 409 or "already in progress" not in str(exc):
+            raise
+    unremoved.discard(container_id)
+
+
+remove_container = retry_transient(_remove_once)
+"""Remove a container (gone already is fine), retrying transient engine errors."""
+
+
+def remove_within(api: Any, container_id: str, seconds: float) -> None:
+    """Remove a container, retrying transient engine errors (a restart) for `seconds`."""
+    retry(
+        retry=retry_if_exception(transient),
+        stop=stop_after_delay(seconds),
+        wait=wait_exponential(multiplier=0.25, max=2),
+        reraise=True,
+    )(_remove_once)(api, container_id)
+
+
+def _owner_dead(labels: dict[str, str]) -> bool:
+    host, _, pid = labels.get(OWNER, "").rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
+
+
+def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
+    """Remove agentrl containers that exited, expired, or whose owner died on this host."""
+    filters = {"label": [f"{RUN}={run_id}" if run_id else RUN, OWNER]}
+    removed, now = 0, time.time()
+    for summary in client.api.containers(all=True, filters=filters):
+        labels = summary.get("Labels") or {}
+        expires = labels.get(EXPIRES, "")
+        expired = expires.isdigit() and int(expires) < now
+        ours = summary["Id"] in unremoved
+        if summary.get("State") in ("exited", "dead") or expired or ours or _owner_dead(labels):
+            try:
+                remove_container(client.api, summary["Id"])
+                removed += 1
+            except (DockerException, requests.RequestException) as exc:
+                log.warning("could not reap %s: %s", summary["Id"][:12], first_line(exc))
+    return removed
+
+
+def remove_run(client: docker.DockerClient, run_id: str, *, snapshots: bool = False) -> GcReport:
+    """Remove every container of `run_id`, alive or not (and its snapshots if asked)."""
+    containers = client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"})
+    for summary in containers:
+        remove_container(client.api, summary["Id"])
+    images, freed = (
+        _remove_snapshots(client, lambda labels: labels.get(RUN) == run_id) if snapshots else (0, 0)
+    )
+    return GcReport(containers=len(containers), snapshots=images, snapshot_bytes=freed)
+
+
+def gc(
+    *, run_id: str | None = None, snapshots: bool = False, client: docker.DockerClient | None = None
+) -> GcReport:
+    """What `agentrl gc` does: reap dead runs' containers and, if asked, their snapshots.
+
+    A snapshot's run is dead when its owner process on this host is gone and no
+    container of the run is left; snapshots made on other hosts are kept.
+    """
+    own = client is None
+    client = client or docker_client()
+    try:
+        containers = reap(client, run_id=run_id)
+        images = freed = 0
+        if snapshots:
+            live_runs = {
+                (c.get("Labels") or {}).get(RUN)
+                for c in client.api.containers(all=True, filters={"label": RUN})
+            }
+
+            def dead(labels: dict[str, str]) -> bool:
+                wanted = run_id is None or labels.get(RUN) == run_id
+                return wanted and _owner_dead(labels) and labels.get(RUN) not in live_runs
+
+            images, freed = _remove_snapshots(client, dead)
+        return GcReport(containers=containers, snapshots=images, snapshot_bytes=freed)
+    finally:
+        if own:
+            client.close()
+
+
+def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
+    """Disk the snapshot's own layer takes (its size less its parent image's)."""
+    info = client.api.inspect_image(snapshot_id)
+    parent = info.get("Parent")
+    base = client.api.inspect_image(parent)["Size"] if parent else 0
+    return max(0, int(info["Size"]) - int(base))
+
+
+def remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None:
+    """Remove one snapshot image; the bytes freed, or None if nothing was removed."""
+    try:
+        size = snapshot_bytes(client, snapshot_id)
+        client.api.remove_image(snapshot_id, force=True)
+    except NotFound:
+        return None
+    except (DockerException, requests.RequestException) as exc:  # e.g. a child image uses it
+        log.warning("kept snapshot %s: %s", snapshot_id[:19], first_line(exc))
+        return None
+    return size
+
+
+def _remove_snapshots(
+    client: docker.DockerClient, doomed: Callable[[dict[str, str]], bool]
+) -> tuple[int, int]:
+    """(images removed, bytes freed) of the snapshots whose labels `doomed` accepts."""
+    removed = freed = 0
+    images = client.api.images(all=True, filters={"label": SNAPSHOT_OF})
+    # Newest first: a snapshot of a restored snapshot is a child of the older image.
+    for image in sorted(images, key=lambda i: i.get("Created", 0), reverse=True):
+        if doomed(image.get("Labels") or {}):
+            size = remove_snapshot(client, image["Id"])
+            if size is not None:
+                removed, freed = removed + 1, freed + size
+    return removed, freed

@@ -1,0 +1,317 @@
+"""`DockerSandbox`: one container, driven through the engine's API.
+
+Blocking SDK calls run in threads; command output is read from the exec's socket on
+the event loop, so a long command holds no thread. Teardown: `close()` (idempotent,
+shielded from cancellation; it outlasts an engine outage of up to CLOSE_WAIT_S), the
+atexit backstop, and the reaper for what neither could remove.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import posixpath
+import re
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import docker
+import requests
+from docker.errors import DockerException, NotFound
+
+from agentrl.errors import SandboxError, SandboxFileNotFound
+from agentrl.sandbox.base import ExecRequest, ExecResult, HeadTail, SandboxSpec, Sealed, Usage
+from agentrl.sandbox.docker import host
+from agentrl.sandbox.docker.engine import (
+    DIR_MODE,
+    NAME,
+    ORIGIN,
+    OWNER,
+    PROTECTED,
+    RUN,
+    SNAPSHOT_OF,
+    SNAPSHOT_REPO,
+    SYMLINK_MODE,
+    engine_error,
+    first_line,
+    get_archive,
+    gone,
+    owner,
+    raw_socket,
+    slug,
+)
+from agentrl.sandbox.docker.reap import backstop, remove_within, unremoved
+from agentrl.sandbox.docker.shell import COLUMNS, ROWS, DockerShell, with_pidfile
+from agentrl.sandbox.shell import PtyShell
+
+log = logging.getLogger(__name__)
+
+MERGE = 'exec "$@" 2>&1'
+GUARD_S = 10.0  # the client gives up this long after the in-container timeout should fire
+CLOSE_WAIT_S = 30.0  # close() retries this long through an engine outage, then leaves it to reap
+
+T = TypeVar("T")
+
+
+class DockerSandbox:
+    """One container. `close()` removes it; every call after that raises SandboxError."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str, spec: SandboxSpec) -> None:
+        self._api = client.api
+        self._id = container_id
+        self._spec = spec
+        self._shells: set[PtyShell] = set()
+        self._shell_count = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self.keepalive: int | None = None  # host pid of `sleep <ttl>`, which seal() spares
+        self._host: host.HostView | None = None  # its cgroup and writable layer, found once
+        backstop.add(self._id, self.close_now)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self._spec.workdir, path))
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        """Run to completion; coreutils `timeout` kills the command's process group inside."""
+        self._check_open()
+        command = request.command
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        started = time.monotonic()
+        created = await self._call(
+            self._api.exec_create,
+            self._id,
+            # One pipe for both streams keeps their order; docker's two would race.
+            ["timeout", "-s", "KILL", f"{request.timeout:.3f}", "sh", "-c", MERGE, "sh", *argv],
+            workdir=self._path(request.workdir or "."),
+            environment=request.env or None,
+        )
+        stream = await self._call(self._api.exec_start, created["Id"], socket=True)
+        output, guard_fired = HeadTail(), False
+        raw: socket.socket = raw_socket(stream)
+        try:
+            raw.setblocking(False)
+            await asyncio.wait_for(_read_frames(raw, output), request.timeout + GUARD_S)
+        except TimeoutError:
+            guard_fired = True
+        finally:
+            stream.close()  # drops docker-py's reference; closing `raw` ends the connection
+            raw.close()
+        code = await self._exit_code(created["Id"])
+        seconds = time.monotonic() - started
+        if code in (137, None) and not await self._running():
+            raise gone(self._id, "its container stopped while a command ran")
+        timed_out = guard_fired or (code in (124, 137) and seconds >= request.timeout)
+        return ExecResult(
+            exit_code=None if timed_out else code,
+            output=output.text(),
+            timed_out=timed_out,
+            seconds=seconds,
+        )
+
+    async def shell(self, argv: list[str]) -> DockerShell:
+        """`argv` on a tty exec (bytes, echo on, 200 columns) in the workdir; its `close()`
+        kills it and everything in its session."""
+        self._check_open()
+        self._shell_count += 1
+        pidfile = f"/tmp/.agentrl-shell-{self._shell_count}.pid"
+        created = await self._call(
+            self._api.exec_create,
+            self._id,
+            with_pidfile(argv, pidfile),
+            stdin=True,
+            tty=True,
+            workdir=self._spec.workdir,
+        )
+        exec_id = created["Id"]
+        stream = await self._call(self._api.exec_start, exec_id, socket=True, tty=True)
+        shell = DockerShell(self._api, self._id, exec_id, pidfile, stream, self.exec, self._shells)
+        with contextlib.suppress(SandboxError):  # the shell may already have exited
+            await self._call(self._api.exec_resize, exec_id, height=ROWS, width=COLUMNS)
+        return shell
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        target = self._path(path)
+        for _ in range(8):  # symlink hops; get_archive returns a link, not its target
+            try:
+                data, stat = await asyncio.to_thread(get_archive, self._api, self._id, target)
+            except NotFound as exc:
+                if "no such container" in str(exc).lower():
+                    raise gone(self._id, "its container was removed") from exc
+                raise SandboxFileNotFound(
+                    f"{path}: no such file in sandbox {self._id[:12]}", fix="check the path"
+                ) from exc
+            except (DockerException, requests.RequestException) as exc:
+                raise engine_error(self._id, exc) from exc
+            if stat["mode"] & DIR_MODE:
+                raise SandboxError(f"{path} is a directory in sandbox {self._id[:12]}")
+            if not stat["mode"] & SYMLINK_MODE:
+                with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+                    member = archive.extractfile(archive.getmembers()[0])
+                    return member.read() if member is not None else b""
+            target = posixpath.join(posixpath.dirname(target), stat["linkTarget"])
+        raise SandboxError(f"{path}: too many levels of symbolic links")
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write through the API (binary-safe), creating parent directories."""
+        self._check_open()
+        target = self._path(path)
+        parent, archive = posixpath.dirname(target), _tar(posixpath.basename(target), data, mode)
+        try:
+            await asyncio.to_thread(self._api.put_archive, self._id, parent, archive)
+            return
+        except NotFound as exc:
+            if "no such container" in str(exc).lower():
+                raise gone(self._id, "its container was removed") from exc
+        except (DockerException, requests.RequestException) as exc:
+            raise engine_error(self._id, exc) from exc
+        made = await self.exec(ExecRequest(command=["mkdir", "-p", parent], timeout=30))
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot create {parent} in sandbox: {made.output.strip()[:200]}")
+        await self._call(self._api.put_archive, self._id, parent, archive)
+
+    async def snapshot(self, label: str) -> str:
+        """Commit to `agentrl-snapshot/<run>:<name>-<label>`; returns the image id."""
+        self._check_open()
+        spec = self._spec
+        tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
+        origin, protected = await self._call(host.protected_changes, self._api, self._id)
+        labels = {
+            RUN: spec.run_id,
+            SNAPSHOT_OF: spec.run_id,
+            OWNER: owner(),
+            NAME: spec.name or "",
+            ORIGIN: origin,
+            PROTECTED: json.dumps(protected, separators=(",", ":")),
+        }
+        image = await self._call(
+            self._api.commit,
+            self._id,
+            repository=f"{SNAPSHOT_REPO}/{slug(spec.run_id)}",
+            tag=tag.lstrip(".-")[:128] or "snapshot",
+            conf={"Labels": labels},
+        )
+        return str(image["Id"])
+
+    async def seal(self) -> Sealed:
+        """Stop every process but docker-init and the keep-alive (frozen first, so none can
+        fork meanwhile), then put protected paths back as the origin image has them."""
+        stopped = await self.stop_processes()
+        restored = await self._call(host.restore_protected, self._api, self._id)
+        return Sealed(stopped=stopped, restored=restored)
+
+    async def stop_processes(self) -> list[str]:
+        """SIGKILL every process but docker-init and the keep-alive, from the host while the
+        container is frozen (needs no free pid inside); 'pid command line' of each."""
+        self._check_open()
+        return await self._call(host.stop_processes, self._api, self._id, self.keepalive)
+
+    async def usage(self) -> Usage:
+        """Counters from the container's cgroup and the size of its writable layer, read on
+        this machine (None where the engine runs elsewhere or the driver is not overlay)."""
+        self._check_open()
+        if self._host is None:
+            self._host = await self._call(host.HostView, self._api, self._id)
+        return await asyncio.to_thread(self._host.usage)
+
+    async def connect_network(self, name: str) -> None:
+        """Leave `--network none` for the Docker network `name`."""
+        self._check_open()
+        with contextlib.suppress(SandboxError):  # already off "none"
+            await self._call(self._api.disconnect_container_from_network, self._id, "none")
+        await self._call(self._api.connect_container_to_network, self._id, name)
+
+    async def close(self) -> None:
+        # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
+        await asyncio.shield(asyncio.to_thread(self.close_now))
+
+    def close_now(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Synchronous, idempotent removal (also what the atexit backstop calls). An engine
+        that does not answer is retried for `wait_s`; after that the container is left to
+        the reaper (the next provider started here, or `agentrl gc`), and a line says so."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for shell in list(self._shells):
+                shell.release()
+            try:
+                remove_within(self._api, self._id, wait_s)
+            except (DockerException, requests.RequestException) as exc:
+                unremoved.add(self._id)
+                log.warning(
+                    "sandbox %s was not removed within %g s: %s; fix: the next DockerProvider "
+                    "started in this process removes it, or run `agentrl gc` once this "
+                    "process has ended (its TTL stops it meanwhile)",
+                    self._id[:12],
+                    wait_s,
+                    first_line(exc),
+                )
+        backstop.discard(self._id)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except NotFound as exc:
+            raise gone(self._id, "its container was removed") from exc
+        except (DockerException, requests.RequestException) as exc:
+            raise engine_error(self._id, exc) from exc
+
+    async def _exit_code(self, exec_id: str) -> int | None:
+        for _ in range(50):  # the stream can end a moment before the engine records the exit
+            info = await self._call(self._api.exec_inspect, exec_id)
+            if not info["Running"]:
+                return info["ExitCode"]  # type: ignore[no-any-return]
+            await asyncio.sleep(0.02)
+        return None
+
+    async def _running(self) -> bool:
+        try:
+            state = (await self._call(self._api.inspect_container, self._id))["State"]
+        except SandboxError:
+            return False
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id[:12]} is closed", fix="start a new sandbox")
+
+
+async def _read_frames(raw: socket.socket, output: HeadTail) -> None:
+    """Read a non-tty exec stream: frames of [kind, 0, 0, 0, size (4 bytes BE), payload]."""
+    loop = asyncio.get_running_loop()
+    pending = bytearray()
+    while data := await loop.sock_recv(raw, 1 << 16):
+        pending += data
+        start = 0
+        while len(pending) - start >= 8:
+            size = int.from_bytes(pending[start + 4 : start + 8], "big")
+            if len(pending) - start - 8 < size:
+                break
+            output.feed(bytes(pending[start + 8 : start + 8 + size]))
+            start += 8 + size
+        del pending[:start]
+
+
+def _tar(name: str, data: bytes, mode: int) -> bytes:
+    buffer = io.BytesIO()
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

@@ -1,39 +1,34 @@
 """The ReAct episode: INIT a sandbox, loop generate -> parse -> tool -> observe, EVAL.
 
-The conversation only grows by appending (ChatSession); the episode ends through an
-`EpisodeEnd` exception that carries its stop reason, caught in one place; the
-trajectory is built and validated in `finally`-safe code, so every episode — also
-one whose sandbox died or whose grader crashed — yields exactly one Trajectory.
+The conversation only grows by appending (ChatSession). Each stage runs in the episode's
+`boundary`, the one place an exception becomes a stop reason: the loop ends by raising
+`EpisodeEnd` with its reason (max_turns too); a sandbox, sampler or grader failure, a
+timeout or a bug is an infrastructure stop reason, never a reward: every episode yields
+one Trajectory. Replay points: `agentrl.snapshots`; a reply's tool call: `toolcall.act`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agentrl.chat import ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.inference.base import Completion, Sampler, SamplingParams
+from agentrl.snapshots import Snapshots
 from agentrl.tasks.env import build_tools
 from agentrl.tasks.graders import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
-from agentrl.toolcall import (
-    BASH_BLOCK_HINT,
-    FORMAT_HINT,
-    ToolCallError,
-    parse_bash_block,
-    parse_tool_call,
-)
-from agentrl.tools.base import Observation, Tool, schema
+from agentrl.toolcall import act, close_all, close_tools
+from agentrl.tools.base import Tool, schema
 from agentrl.trajectory import INFRA_STOP_REASONS, EnvInfo, StopReason, Trajectory, Turn
 
 if TYPE_CHECKING:
@@ -49,8 +44,8 @@ log = logging.getLogger(__name__)
 class EpisodeEnd(Exception):
     """Ends the RUN stage; `stop_reason` says why."""
 
-    def __init__(self, stop_reason: StopReason, detail: str = "") -> None:
-        super().__init__(detail or stop_reason.value)
+    def __init__(self, stop_reason: StopReason) -> None:
+        super().__init__(stop_reason.value)
         self.stop_reason = stop_reason
 
 
@@ -132,13 +127,17 @@ def no_gate() -> AbstractAsyncContextManager[object]:
     return contextlib.nullcontext()
 
 
+Stage = Literal["init", "run", "eval"]
+_CRASHED = dict(init=StopReason.sandbox_error, run=StopReason.aborted, eval=StopReason.eval_error)
+
+
 class Episode:
     """One episode split into its stages, so a dispatcher can schedule them apart.
 
     `init` -> `run` -> `evaluate` -> `close`; `result()` is the validated Trajectory. A
-    stage never raises for a failure of the episode: it records the stop reason and
-    error, and later stages then do nothing, so every episode yields exactly one
-    trajectory. Only cancellation propagates.
+    stage never raises for a failure of the episode: its `boundary` records the stop
+    reason and error, and later stages then do nothing, so every episode yields exactly
+    one trajectory. Only cancellation propagates.
     """
 
     def __init__(
@@ -154,7 +153,7 @@ class Episode:
         snapshots: SnapshotPolicy | None = None,
     ) -> None:
         self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
-        self.snapshots = snapshots or task.spec.snapshots
+        self.snapshots = Snapshots(snapshots or task.spec.snapshots)
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
         self.tools = env.tools()
@@ -170,9 +169,6 @@ class Episode:
         self.env_info = EnvInfo(provider=env.provider_name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
         self._closing: asyncio.Future[None] | None = None
-        # The commit in flight and the turn it belongs to (None: the INIT snapshot).
-        self._pending: tuple[Turn | None, asyncio.Future[str]] | None = None
-        self._committed: list[str] = []  # snapshots this episode made (a branch inherits others)
 
     @property
     def failed(self) -> bool:
@@ -182,13 +178,51 @@ class Episode:
     def fail(self, stop: StopReason, error: str, fix: str | None = None) -> None:
         self.stop, self.error, self.fix = stop, error, fix or None
 
+    @contextlib.contextmanager
+    def boundary(self, stage: Stage, timeout: float | None = None) -> Iterator[None]:
+        """Where an exception becomes the stop reason (infrastructure, a bug too, is never
+        the agent's failure, never a reward) and the stage's time is kept."""
+        start = time.monotonic()
+        try:
+            yield
+        except EpisodeEnd as end:
+            self.stop = end.stop_reason
+        except TimeoutError:
+            self._timed_out(stage, timeout, time.monotonic() - start)
+        except SamplerError as e:  # the sampler failed: infrastructure, not the agent
+            self.fail(StopReason.aborted, str(e), e.fix)
+        except GraderError as e:  # the grader could not grade: never a reward
+            self.evidence = e.evidence if isinstance(e, DidNotRun) else None
+            self.fail(StopReason.eval_error, str(e), e.fix)
+        except AgentRLError as e:  # sandbox died, setup failed, image missing
+            self.fail(StopReason.sandbox_error, str(e), e.fix)
+        except Exception as e:  # a bug (a tool's TypeError too): this episode fails, not others
+            log.exception("%s: %s crashed", self.trajectory_id, stage.upper())
+            self.fail(_CRASHED[stage], f"{type(e).__name__}: {e}")
+        finally:
+            self.seconds[stage] = time.monotonic() - start
+
+    def _timed_out(self, stage: Stage, timeout: float | None, elapsed: float) -> None:
+        if stage == "init":
+            self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
+        elif stage == "eval":
+            self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
+        elif self.ledger.turns:
+            self.stop = StopReason.episode_timeout
+        else:  # the agent never acted: the sampler never served it
+            self.fail(
+                StopReason.aborted,
+                f"RUN timed out after {elapsed:.0f} s before the first completion (is the "
+                "sampler overloaded? lower the generation concurrency or raise "
+                "limits.episode_timeout)",
+            )
+
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
         if (overflow := prompt_overflow(self.task, self.chat)) is not None:
             self.fail(StopReason.aborted, f"{self.instance.id}: {overflow}", PROMPT_FIX)
             return  # a task that cannot fit: no sandbox, never the agent's failure
-        start = time.monotonic()
-        try:
+        with self.boundary("init", timeout):
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type((SandboxError, TimeoutError)),
                 stop=stop_after_attempt(attempts),
@@ -203,66 +237,30 @@ class Episode:
             if self.sandbox is not None:  # the image that ran (SWE-bench: the instance's own)
                 self.env_info.image = self.sandbox.spec.image
                 self.env_info.node = self.sandbox.spec.node
-            if self.snapshots.every:
-                self.start_snapshot(None, "init")
-        except TimeoutError:
-            self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
-        except AgentRLError as e:  # sandbox died, setup failed, image missing
-            self.fail(StopReason.sandbox_error, str(e), e.fix)
-        finally:
-            self.seconds["init"] = time.monotonic() - start
+                if self.snapshots.due(0):
+                    self.snapshots.start(self.sandbox, self.env_info, "init")
 
     async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:
         """The ReAct turns; `gate` is held around each generation request."""
         if self.failed or self.sandbox is None:
             return
         limit = self.task.spec.limits.episode_timeout
-        start = time.monotonic()
-        try:
+        with self.boundary("run"):
             async with asyncio.timeout(limit if timeout is None else min(limit, timeout)):
                 await _react(self, gate)
-            self.stop = StopReason.max_turns
-        except EpisodeEnd as end:
-            self.stop = end.stop_reason
-        except TimeoutError:
-            if not self.ledger.turns:  # the agent never acted: the sampler never served it
-                self.fail(
-                    StopReason.aborted,
-                    f"RUN timed out after {time.monotonic() - start:.0f} s before the first "
-                    "completion (is the sampler overloaded? lower the generation concurrency "
-                    "or raise limits.episode_timeout)",
-                )
-            else:
-                self.stop = StopReason.episode_timeout
-        except SamplerError as e:  # the sampler failed: infrastructure, not the agent
-            self.fail(StopReason.aborted, str(e), e.fix)
-        except AgentRLError as e:
-            self.fail(StopReason.sandbox_error, str(e), e.fix)
-        finally:
-            self.seconds["run"] = time.monotonic() - start
 
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
-        await self.settle_snapshot()  # the state RUN left, before the grader's files go in
-        if self.failed or self.sandbox is None:
-            return
-        start = time.monotonic()
-        # RUN is over: the tools go first, so no shell or watch of theirs acts during EVAL.
-        await close_tools(self.tools)
-        try:
+        with self.boundary("eval", timeout):
+            await self.snapshots.settle(self.trajectory_id)  # before the grader's files go in
+            if self.failed or self.sandbox is None:
+                return
+            # RUN is over: the tools go first, so no shell or watch of theirs acts during EVAL.
+            await close_tools(self.tools)
             async with asyncio.timeout(timeout):
                 grade = await self.env.evaluate(self.sandbox, self.instance)
             self.reward, self.components = grade.reward, grade.components
             self.evidence = grade.evidence
-        except TimeoutError:
-            self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
-        except GraderError as e:  # the grader could not grade: never a reward
-            self.evidence = e.evidence if isinstance(e, DidNotRun) else None
-            self.fail(StopReason.eval_error, str(e), e.fix)
-        except AgentRLError as e:
-            self.fail(StopReason.sandbox_error, str(e), e.fix)
-        finally:
-            self.seconds["eval"] = time.monotonic() - start
 
     async def close(self) -> None:
         """Close tools and sandbox, shielded from cancellation. Idempotent: a second call
@@ -274,63 +272,33 @@ class Episode:
 
     async def _teardown(self, sandbox: Sandbox | None) -> None:
         with contextlib.suppress(Exception):
-            await self.settle_snapshot()
+            await self.snapshots.settle(self.trajectory_id)
         await close_all(self.tools, sandbox)
         if self._drops_snapshots():  # a success not sampled for keeping
-            for snapshot_id in self._committed:
-                with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
-                    await self.env.remove_snapshot(snapshot_id)
-
-    # -- snapshots ------------------------------------------------------------------
-
-    def start_snapshot(self, turn: Turn | None, label: str) -> None:
-        """Commit the sandbox in the background: the next generation runs meanwhile, and
-        the next action waits for the commit (`settle_snapshot`)."""
-        assert self.sandbox is not None and self._pending is None
-        self._pending = (turn, asyncio.ensure_future(self.sandbox.snapshot(label)))
-
-    async def settle_snapshot(self) -> None:
-        """Wait for the commit in flight, if any, and record its id."""
-        if self._pending is None:
-            return
-        turn, commit = self._pending
-        try:
-            snapshot_id = await asyncio.shield(commit)
-        except AgentRLError as e:  # a failed commit loses a replay point, not the episode
-            log.warning("%s: snapshot failed: %s", self.trajectory_id, e)
-            self._pending = None
-            return
-        self._pending = None
-        self._committed.append(snapshot_id)
-        if turn is None:
-            self.env_info.init_snapshot = snapshot_id
-        else:
-            turn.snapshot_id = snapshot_id
+            await self.snapshots.remove(self.env.remove_snapshot)
 
     def _drops_snapshots(self) -> bool:
-        """Whether retention removes this episode's snapshots: a full-reward success not
-        in the `keep_successful` sample (decided by a hash of its ids, so reproducibly)."""
-        if self.failed or self.reward is None or self.reward < 1.0:
-            return False
-        key = f"{self.env.run_id}/{self.trajectory_id}".encode()
-        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
-        return draw >= self.snapshots.keep_successful
+        key = f"{self.env.run_id}/{self.trajectory_id}"
+        return not self.failed and self.snapshots.dropped(key, self.reward)
 
     def result(self) -> Trajectory:
-        """The validated trajectory of whatever the stages did."""
+        """The validated trajectory of whatever the stages did; one that breaks the ledger
+        is a bug, reported as an aborted trajectory (data, not a crash)."""
+        try:
+            return self._trajectory()
+        except Exception as e:
+            log.exception("%s: its trajectory breaks the ledger", self.trajectory_id)
+            self.fail(StopReason.aborted, f"{type(e).__name__}: {e}")
+            return self._trajectory()
+
+    def _trajectory(self) -> Trajectory:
         chat, ledger = self.chat, self.ledger
         ledger.sync(chat)
         stop = self.stop or StopReason.aborted
         infra = stop in INFRA_STOP_REASONS
         turns, env_info = ledger.turns, self.env_info
         if self._drops_snapshots():  # close() removes those it made: record none of them
-            gone = set(self._committed)
-            turns = [
-                t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t
-                for t in turns
-            ]
-            if env_info.init_snapshot in gone:
-                env_info = env_info.model_copy(update={"init_snapshot": None})
+            turns, env_info = self.snapshots.unrecorded(turns, env_info)
         return (
             Trajectory(
                 trajectory_id=self.trajectory_id,
@@ -379,9 +347,10 @@ async def run_episode(
     return episode.result()
 
 
-async def _react(episode: Episode, gate: Gate) -> None:
+async def _react(episode: Episode, gate: Gate) -> NoReturn:
+    """Generate, parse, act, observe: until a turn ends the episode or turns run out."""
     task, chat, ledger, sampler = episode.task, episode.chat, episode.ledger, episode.sampler
-    sandbox = episode.sandbox
+    sandbox, snapshots = episode.sandbox, episode.snapshots
     assert sandbox is not None  # run() checks
     limits, sampling = task.spec.limits, task.spec.sampling
     for _ in range(limits.max_turns - len(ledger.turns)):  # a branch starts with turns done
@@ -419,56 +388,13 @@ async def _react(episode: Episode, gate: Gate) -> None:
             raise EpisodeEnd(
                 StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
             )
-        await episode.settle_snapshot()  # the last commit must end before the sandbox changes
+        await snapshots.settle(episode.trajectory_id)  # it must end before the sandbox changes
         obs = await act(text, task.spec.prompt.action_format, episode.tools, sandbox, turn)
         turn.observation = obs.text
-        every = episode.snapshots.every
-        if every and len(ledger.turns) % every == 0:
-            episode.start_snapshot(turn, f"turn-{len(ledger.turns) - 1:03d}")
+        if snapshots.due(len(ledger.turns)):
+            snapshots.start(sandbox, turn, f"turn-{len(ledger.turns) - 1:03d}")
         if obs.done:
             raise EpisodeEnd(StopReason.finished)
         chat.add_messages([{"role": "tool", "content": obs.text}])
         ledger.sync(chat)
-
-
-async def act(
-    text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
-) -> Observation:
-    """Parse the reply `text` and make its call; the observation the agent sees (and the
-    call, exit code and tool time on `turn`). Replay re-executes recorded turns with it."""
-    blocks = action_format == "bash_block"
-    try:
-        call = parse_bash_block(text) if blocks else parse_tool_call(text)
-    except ToolCallError as e:
-        return Observation(text=f"error: {e}", error=True)
-    if call is None:
-        what, hint = ("```bash block", BASH_BLOCK_HINT) if blocks else ("tool call", FORMAT_HINT)
-        return Observation(text=f"error: no {what} found in your reply. {hint}", error=True)
-    turn.tool_call = call
-    tool = tools.get(call.name)
-    if tool is None:
-        names = ", ".join(sorted(tools))
-        return Observation(
-            text=f"error: unknown tool {call.name!r}; available: {names}", error=True
-        )
-    start = time.monotonic()
-    try:
-        obs = await tool(sandbox, **call.arguments)
-    except TypeError as e:  # arguments that do not fit the tool's call
-        obs = Observation(text=f"error: bad arguments for {call.name}: {e}", error=True)
-    turn.tool_seconds = time.monotonic() - start
-    turn.exit_code = obs.exit_code
-    return obs
-
-
-async def close_tools(tools: dict[str, Tool]) -> None:
-    """Close every tool (idempotent): its shells, browsers and watches end."""
-    for tool in tools.values():
-        with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
-            await tool.close()
-
-
-async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
-    await close_tools(tools)
-    if sandbox is not None:
-        await sandbox.close()
+    raise EpisodeEnd(StopReason.max_turns)

@@ -1,4 +1,4 @@
-"""Finding the tool call in an assistant's text.
+"""Finding the tool call in an assistant's text, and making it (`act`).
 
 Two formats are understood, because models are trained on both:
 - Hermes: `<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>`
@@ -15,11 +15,15 @@ mini-SWE-agent; small models that never learned a tool-call syntax can still act
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from typing import Any
 
-from agentrl.trajectory import ToolCall
+from agentrl.sandbox.base import Sandbox
+from agentrl.tools.base import Observation, Tool
+from agentrl.trajectory import ToolCall, Turn
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|$)", re.DOTALL)
@@ -92,3 +96,45 @@ def _strip_one_newline(value: str) -> str:
     if value.startswith("\n"):
         value = value[1:]
     return value[:-1] if value.endswith("\n") else value
+
+
+async def act(
+    text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
+) -> Observation:
+    """Parse the reply `text` and make its call; the observation the agent sees (and the
+    call, exit code and tool time on `turn`). Replay re-executes recorded turns with it."""
+    blocks = action_format == "bash_block"
+    try:
+        call = parse_bash_block(text) if blocks else parse_tool_call(text)
+    except ToolCallError as e:
+        return Observation(text=f"error: {e}", error=True)
+    if call is None:
+        what, hint = ("```bash block", BASH_BLOCK_HINT) if blocks else ("tool call", FORMAT_HINT)
+        return Observation(text=f"error: no {what} found in your reply. {hint}", error=True)
+    turn.tool_call = call
+    tool = tools.get(call.name)
+    if tool is None:
+        names = ", ".join(sorted(tools))
+        return Observation(
+            text=f"error: unknown tool {call.name!r}; available: {names}", error=True
+        )
+    start = time.monotonic()
+    # The tool checks the arguments (a bad call is an error observation); an exception
+    # from inside it, a TypeError too, is the tool's bug: the RUN boundary reports it.
+    obs = await tool(sandbox, **call.arguments)
+    turn.tool_seconds = time.monotonic() - start
+    turn.exit_code = obs.exit_code
+    return obs
+
+
+async def close_tools(tools: dict[str, Tool]) -> None:
+    """Close every tool (idempotent): its shells, browsers and watches end."""
+    for tool in tools.values():
+        with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
+            await tool.close()
+
+
+async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:
+    await close_tools(tools)
+    if sandbox is not None:
+        await sandbox.close()

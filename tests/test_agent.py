@@ -15,15 +15,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
 from agentrl.agent import conversation, run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
+from agentrl.sandbox.base import Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import docker_client
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
+from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
 from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
@@ -114,6 +117,47 @@ def test_a_failing_sampler_is_an_aborted_episode_not_an_agent_failure(
     traj = episode(task, tokenizer, sampler)
     assert traj.stop_reason == StopReason.aborted and not traj.trainable
     assert "closed" in (traj.error or "") and traj.reward is None and traj.num_sampled == 0
+
+
+class BuggyArgs(ToolArgs):
+    x: int = Field(description="any number")
+
+
+class BuggyTool(ModelTool[BuggyArgs, ToolOptions]):
+    """A tool with a bug: its body raises TypeError."""
+
+    name = "buggy"
+    description = "Counts nothing: its body raises a TypeError (a tool bug)."
+    Args = BuggyArgs
+    Options = ToolOptions
+
+    async def run(self, sandbox: Sandbox, args: BuggyArgs) -> Observation:
+        return Observation(text=str(len(args.x)))  # type: ignore[arg-type]  # the bug
+
+
+def test_a_type_error_inside_a_tool_is_its_bug_not_bad_arguments(
+    task: Task, tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Arguments that do not fit are told to the model and the episode goes on; a
+    TypeError from the tool's own body ends it as infrastructure, traceback logged."""
+    buggy = task.model_copy(
+        update={"spec": task.spec.model_copy(update={"tools": [*task.spec.tools, _BUGGY]})}
+    )
+    replies = [
+        '<tool_call>{"name": "buggy", "arguments": {"y": 1}}</tool_call>',
+        '<tool_call>{"name": "buggy", "arguments": {"x": 1}}</tool_call>',
+    ]
+    traj = episode(buggy, tokenizer, ScriptedSampler(replies, tokenizer))
+    told = traj.turns[0].observation
+    assert "the `x` argument is required" in told and "unknown argument(s) y" in told
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert traj.reward is None and (traj.error or "").startswith("TypeError: ")
+    assert len(traj.turns) == 2 and "bad arguments" not in (traj.error or "")
+    crashed = [r for r in caplog.records if r.name == "agentrl.agent" and r.exc_info]
+    assert crashed and "RUN crashed" in crashed[0].getMessage()
+
+
+_BUGGY = f"{__name__}:BuggyTool"
 
 
 def test_context_limit_ends_the_episode(task: Task, tokenizer) -> None:

@@ -25,8 +25,10 @@ import pytest
 
 from agentrl.errors import BrowserError, ConfigError
 from agentrl.sandbox.base import Sandbox
+from agentrl.tools.allowlist import AllowList
 from agentrl.tools.base import Observation
-from agentrl.tools.browser import AllowList, BrowserTool, chromium_path
+from agentrl.tools.browser import BrowserTool
+from agentrl.tools.chromium import chromium_path
 
 pytestmark = pytest.mark.timeout(120)
 T = TypeVar("T")

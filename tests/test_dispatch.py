@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
 from agentrl.agent import Episode
-from agentrl.dispatch import make_dispatcher
+from agentrl.dispatch import DispatchConfig, PipelineConfig
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.docker import RUN, DockerProvider
@@ -67,7 +68,7 @@ def dispatch(
     task: Task, tokenizer: Any, instances: list[Instance], name: str, **options: Any
 ) -> tuple[list[Trajectory], Any, str]:
     run_id = f"test-dispatch-{uuid.uuid4().hex[:8]}"
-    dispatcher = make_dispatcher(name, **options)
+    dispatcher = TypeAdapter(DispatchConfig).validate_python({"type": name, **options}).build()
 
     async def main() -> list[Trajectory]:
         eps = episodes(task, tokenizer, instances, run_id)
@@ -149,7 +150,7 @@ def test_a_run_that_times_out_before_its_first_completion_is_not_the_agents_fail
     ep = Episode(task, instance("ok"), 0, sampler, tokenizer, env)
 
     async def main() -> list[Trajectory]:
-        stream = make_dispatcher("pipeline", run_timeout=2).run([ep])
+        stream = PipelineConfig(run_timeout=2).build().run([ep])
         async with aclosing(stream):
             got = [traj async for traj in stream]
         await sampler.close()
@@ -169,7 +170,9 @@ def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name:
 
     async def main() -> None:
         eps = episodes(task, tokenizer, [instance(f"c{k}", tool_s=60) for k in range(4)], run_id)
-        dispatcher = make_dispatcher(name, concurrency=2)
+        dispatcher = (
+            TypeAdapter(DispatchConfig).validate_python({"type": name, "concurrency": 2}).build()
+        )
 
         async def consume() -> None:
             async with aclosing(dispatcher.run(eps)) as stream:
@@ -202,7 +205,7 @@ def test_pipeline_never_has_more_live_sandboxes_than_configured(task: Task, toke
 
     watcher = threading.Thread(target=lambda: list(poll()), daemon=True)
     watcher.start()
-    dispatcher = make_dispatcher("pipeline", concurrency=2, max_sandboxes=3)
+    dispatcher = PipelineConfig(concurrency=2, max_sandboxes=3).build()
 
     async def main() -> list[Trajectory]:
         eps = episodes(task, tokenizer, instances, run_id)

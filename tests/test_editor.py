@@ -473,12 +473,12 @@ def test_agent_mistakes_are_error_observations(run: Run) -> None:
         workdir = sandbox.spec.workdir
         cases: list[tuple[dict[str, object], str]] = [
             ({"command": "view", "path": "src/a.py"}, f"Maybe you meant {workdir}/src/a.py?"),
-            ({"command": "view"}, "The `path` argument is required"),
-            ({"command": "view", "path": 7}, "The `path` argument is required"),
+            ({"command": "view"}, "the `path` argument is required"),
+            ({"command": "view", "path": 7}, "`path` must be a string, got int"),
             ({"command": "view", "path": "/a\x00b"}, "The `path` argument is required"),
-            ({"command": "delete", "path": missing}, "unrecognized command 'delete'"),
-            ({"path": missing}, "Got no command; the allowed commands are: view, create"),
-            ({"command": "view", "path": missing, "colour": "red"}, "Unknown argument(s) colour"),
+            ({"command": "delete", "path": missing}, "unknown command 'delete'; use one of: view"),
+            ({"path": missing}, "the `command` argument is required; use one of: view, create"),
+            ({"command": "view", "path": missing, "colour": "red"}, "unknown argument(s) colour"),
             ({"command": "view", "path": missing}, f"The path {missing} does not exist"),
             ({"command": "str_replace", "path": missing, "old_str": "a"}, "does not exist"),
             ({"command": "insert", "path": missing, "insert_line": 0, "new_str": "a"}, "exist"),

@@ -75,6 +75,7 @@ def test_submit_ends_the_episode_with_the_answer() -> None:
         (SubmitTool, {"answer": "a", "why": "b"}, "unknown argument(s) why; it accepts: answer"),
         (FinishTool, {"message": {"a": 1}}, "`message` must be a string, got dict"),
         (FinishTool, {"answer": "a"}, "unknown argument(s) answer; it accepts: message"),
+        (FinishTool, {"sandbox": "a"}, "unknown argument(s) sandbox"),  # any name is the model's
     ],
 )
 def test_bad_arguments_do_not_end_the_episode(

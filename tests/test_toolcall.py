@@ -1,10 +1,17 @@
-"""Tool calls are found in both formats models are trained on; broken ones say how to fix."""
+"""Tool calls are found in both formats models are trained on; broken ones say how to fix;
+a tool's Args model is both the schema shown and the check of a call."""
 
 from __future__ import annotations
 
+import json
+from typing import Literal
+
 import pytest
+from pydantic import Field, ValidationError
 
 from agentrl.toolcall import ToolCallError, parse_bash_block, parse_tool_call
+from agentrl.tools.base import REGISTRY, ToolArgs, args_schema, explain, schema, tool_class
+from agentrl.tools.bash import BashTool
 
 
 def test_hermes_json_call() -> None:
@@ -82,3 +89,54 @@ def test_a_closing_fence_never_opens_a_block() -> None:
     text = "```python\nx = 1\n```\nNow run it:\n```bash\npython x.py\n```"
     call = parse_bash_block(text)
     assert call is not None and call.arguments == {"command": "python x.py"}
+
+
+class _Args(ToolArgs):
+    path: str = Field(description="where")
+    lines: list[int] | None = Field(default=None, min_length=2, max_length=2, description="range")
+    mode: Literal["read", "write"] = Field(default="read", description="how")
+
+
+def test_a_tools_args_model_is_the_schema_the_model_sees() -> None:
+    """No pydantic artefacts (titles, defaults, anyOf for an optional argument) reach the
+    chat template; keys come in the order the shipped tools always showed them."""
+    assert json.dumps(args_schema(_Args)) == json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "where"},
+                "lines": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "minItems": 2,
+                    "maxItems": 2,
+                    "description": "range",
+                },
+                "mode": {"type": "string", "enum": ["read", "write"], "description": "how"},
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        }
+    )
+    bash = schema(BashTool())
+    assert bash["parameters"] == {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "the command to run"}},
+        "required": ["command"],
+    }
+    for name in REGISTRY:
+        rendered = json.dumps(schema(tool_class(name)()))
+        assert '"title"' not in rendered and '"anyOf"' not in rendered, name
+
+
+def test_the_args_model_is_the_check_of_a_call() -> None:
+    def told(arguments: dict[str, object]) -> str:
+        with pytest.raises(ValidationError) as info:
+            _Args.model_validate(arguments)
+        return explain("tool", _Args, info.value)
+
+    assert told({}) == "tool: the `path` argument is required"
+    assert told({"path": 3, "mode": "delete", "colour": 1}) == (
+        "tool: `path` must be a string, got int; unknown mode 'delete'; use one of: read or "
+        "write; unknown argument(s) colour; it accepts: path, lines, mode"
+    )

@@ -6,9 +6,9 @@ put in over time until `close()` (the async schedule admits groups as its stalen
 budget allows). Workers `take` the next episode; the stream ends when the feed is closed
 and every episode put in came out.
 
-A stage never lets one episode's exception out: it becomes that episode's failed
-trajectory (INIT -> sandbox_error, RUN -> aborted, EVAL -> eval_error), so no episode
-can hang or cancel the others. When the stream ends — finished, abandoned or
+A stage never lets one episode's exception out (the episode's own boundary makes it
+that episode's failed trajectory), so no episode can hang or cancel the others. When
+the stream ends — finished, abandoned or
 cancelled (Ctrl-C) — the workers are cancelled and every sandbox is closed, shielded.
 """
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from agentrl.dispatch.metrics import DispatchMetrics, EpisodeTiming, Recorder, summarize
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode, Gate
@@ -143,11 +143,7 @@ class Run:
     async def init(self, ep: Episode) -> None:
         self.rec.add("sandboxes", 1)
         async with self.rec.held("init"):
-            await _guard(
-                ep,
-                StopReason.sandbox_error,
-                ep.init(timeout=self.limits.init_timeout, attempts=self.limits.init_attempts),
-            )
+            await ep.init(timeout=self.limits.init_timeout, attempts=self.limits.init_attempts)
         if ep.failed:
             self._count_unrun(1)
 
@@ -155,20 +151,16 @@ class Run:
         if ep.failed:
             return
         async with self.rec.held("run"):
-            await _guard(ep, StopReason.aborted, ep.run(gate, timeout=self.limits.run_timeout))
+            await ep.run(gate, timeout=self.limits.run_timeout)
         self._count_unrun(1)
 
     async def evaluate(self, ep: Episode) -> None:
         async with self.rec.held("eval"):
-            await _guard(ep, StopReason.eval_error, ep.evaluate(timeout=self.limits.eval_timeout))
+            await ep.evaluate(timeout=self.limits.eval_timeout)
 
     async def finish(self, ep: Episode) -> None:
         """Hand the trajectory out, then close the sandbox (the consumer need not wait)."""
-        try:
-            traj = ep.result()
-        except Exception as e:  # a trajectory that breaks the ledger is a bug: report it as data
-            ep.fail(StopReason.aborted, f"{type(e).__name__}: {e}")
-            traj = ep.result()
+        traj = ep.result()
         self.timings.append(
             EpisodeTiming(
                 trajectory_id=ep.trajectory_id,
@@ -246,10 +238,3 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], *, every: float = 
     for task in tasks:  # retrieved, so asyncio does not log them as never retrieved
         if not task.cancelled():
             task.exception()
-
-
-async def _guard(ep: Episode, stop: StopReason, stage: Awaitable[None]) -> None:
-    try:
-        await stage
-    except Exception as e:  # crash isolation: this episode fails, the others go on
-        ep.fail(stop, f"{type(e).__name__}: {e}")

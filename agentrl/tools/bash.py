@@ -1,4 +1,4 @@
-"""The bash tool: one persistent shell per sandbox, driven through a pty with pexpect.
+"""The bash tool: one persistent shell per sandbox, driven through its pty (`Sandbox.shell`).
 
 How a command runs: its text travels as short bash $'...' strings with every unusual
 byte escaped (so no quoting, line-length or unbalanced-syntax problem can leave the
@@ -27,64 +27,25 @@ command was running) says why in one line.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import time
-from typing import Annotated, Any
+from typing import Any
 
-import pexpect
-from pexpect.spawnbase import SpawnBase
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
-from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox.base import HeadTail, Metered, Sandbox, Usage
-from agentrl.tools.base import Observation
-
-SHELL_ARGV = ["bash", "--norc", "--noprofile", "--noediting"]
-_EDITOR_MSG = "interactive editors do not work here: use str_replace_editor, sed or cat"
-SETUP = (
-    "stty -echo -onlcr cols 200 rows 50 2>/dev/null; "
-    # Prompts would land in the output: keep them empty even after `activate` sets PS1.
-    "export PS1='' PS2='' PROMPT_COMMAND='PS1= PS2=' VIRTUAL_ENV_DISABLE_PROMPT=1 TERM=dumb "
-    "PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER=cat LESS=-FRX "
-    "GIT_EDITOR=true EDITOR=true VISUAL=true GIT_TERMINAL_PROMPT=0 "
-    "DEBIAN_FRONTEND=noninteractive PIP_NO_INPUT=1 PYTHONUNBUFFERED=1; "
-    "unset HISTFILE; "
-    'less() { cat "$@"; }; more() { cat "$@"; }; '
-    + "; ".join(
-        f"{e}() {{ echo '{_EDITOR_MSG}' >&2; return 1; }}" for e in ("vi", "vim", "nano", "emacs")
-    )
-    + "; "
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import Metered, Sandbox, Shell, Usage
+from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
+from agentrl.tools.bash_wire import (
+    SETUP,
+    SHELL_ARGV,
+    TTY_RESET,
+    Output,
+    ansi_c_chunks,
+    sentinel_cmd,
+    sentinel_re,
 )
 
-
-_PLAIN = frozenset(
-    b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-+=.,:;/@%^&*()[]{}<>|!?#~`$"'
-)
-
-
-def _ansi_c_chunks(command: str, width: int = 1000) -> list[str]:
-    """The command as bash $'...' bodies (\\xHH for anything not plain), in short pieces:
-    each typed line stays far below the tty's 4096-byte line limit, and nothing in the
-    command can end the quoting or leave the shell waiting for more input."""
-    tokens = [chr(b) if b in _PLAIN else f"\\x{b:02x}" for b in command.encode()]
-    chunks, current = [], ""
-    for token in tokens:
-        if len(current) + len(token) > width:
-            chunks.append(current)
-            current = ""
-        current += token
-    return [*chunks, current]
-
-
-def _sentinel_cmd(nonce: str, status: str = "$?") -> str:
-    # The typed text never contains the finished sentinel: printf assembles it.
-    return f"printf '\\n__AGENTRL_%s_%d__\\n' {nonce} {status}"
-
-
-# After each command: a program (or `stty`) may have left the tty echoing, raw, or
-# translating newlines, which would garble every later observation.
-_TTY_RESET = "stty sane -echo -onlcr 2>/dev/null"
 WATCH_S = 0.5  # usage is read this often while a command runs (less often if reading is slow)
 SETTLE_S = 0.5  # after a command, how long to watch processes it left while they multiply
 PAST_DISK = "the sandbox wrote past its disk limit"
@@ -94,44 +55,37 @@ CLEARED = (
 )
 
 
-def _sentinel_re(nonce: str) -> re.Pattern[bytes]:
-    return re.compile(rb"\n?__AGENTRL_" + nonce.encode() + rb"_(\d+)__\n")
+class BashArgs(ToolArgs):
+    # Other arguments are ignored, as they always were (the schema shows no
+    # additionalProperties: what models were shown stays as it was).
+    model_config = ConfigDict(extra="ignore")
+
+    command: str = Field(description="the command to run")
+
+    @field_validator("command")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("`command` must be a non-empty string")
+        return value
 
 
-_SENTINEL_MAX = 80  # bytes; longer than any sentinel line
+class BashOptions(ToolOptions):
+    timeout: float = Field(default=60.0, gt=0, description="seconds a command may run")
+    max_output_bytes: int = Field(
+        default=20_000, gt=0, description="output kept per command (head and tail)"
+    )
+    shell_argv: list[str] | None = Field(default=None, description="the shell to start")
+    max_background: int | None = Field(
+        default=None,
+        ge=0,
+        description="processes (threads count too, as the pids limit counts them) a command "
+        "may leave running once it returns, e.g. a server the task asks for; with more, every "
+        "process the agent started is stopped. None: half the sandbox's pids",
+    )
 
 
-class _Output:
-    """The command's output (head and tail, bounded) up to the sentinel line.
-
-    The last few bytes are held back until it is clear they are not the start of
-    the sentinel, so the sentinel never leaks into what the agent sees."""
-
-    def __init__(self, keep: int, pattern: re.Pattern[bytes]) -> None:
-        self.kept = HeadTail(keep)
-        self.pattern = pattern
-        self.pending = b""
-        self.match: re.Match[bytes] | None = None
-
-    def feed(self, chunk: bytes) -> bool:
-        """Add bytes; True once the sentinel has been seen."""
-        data = self.pending + chunk
-        self.match = self.pattern.search(data)
-        if self.match is not None:
-            self.kept.feed(data[: self.match.start()])
-            self.pending = b""
-            return True
-        self.kept.feed(data[:-_SENTINEL_MAX])
-        self.pending = data[-_SENTINEL_MAX:]
-        return False
-
-    def text(self) -> str:
-        self.kept.feed(self.pending)  # no sentinel is coming: the held bytes are output
-        self.pending = b""
-        return self.kept.text()
-
-
-class BashTool:
+class BashTool(ModelTool[BashArgs, BashOptions]):
     """Run a bash command in the sandbox's persistent shell."""
 
     name = "bash"
@@ -140,30 +94,16 @@ class BashTool:
         "virtualenvs persist between calls). stdin is empty: interactive programs get EOF. "
         "Long output keeps its head and tail."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"command": {"type": "string", "description": "the command to run"}},
-        "required": ["command"],
-    }
+    Args = BashArgs
+    Options = BashOptions
 
-    def __init__(
-        self,
-        *,
-        timeout: float = 60.0,
-        max_output_bytes: int = 20_000,
-        shell_argv: list[str] | None = None,
-        max_background: Annotated[int, Field(ge=0)] | None = None,
-    ) -> None:
-        """`max_background`: processes (threads count too, as the pids limit counts them) a
-        command may leave running once it returns, e.g. a server the task asks for; with
-        more, every process the agent started is stopped. None: half the sandbox's pids."""
-        if max_background is not None and max_background < 0:
-            raise ConfigError(f"bash: max_background must be >= 0, got {max_background}")
-        self.timeout = timeout
-        self.keep_bytes = max_output_bytes // 2  # head and tail each
-        self.shell_argv = shell_argv or SHELL_ARGV
-        self.max_background = max_background
-        self._shell: SpawnBase | None = None
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.timeout = self.options.timeout
+        self.keep_bytes = self.options.max_output_bytes // 2  # head and tail each
+        self.shell_argv = self.options.shell_argv or SHELL_ARGV
+        self.max_background = self.options.max_background
+        self._shell: Shell | None = None
         self._sandbox: Sandbox | None = None
         self._lock = asyncio.Lock()
         self._baseline: int | None = None  # processes with a fresh, idle shell
@@ -171,15 +111,12 @@ class BashTool:
         self._idle: asyncio.Task[None] | None = None  # the watch between commands
         self._pending: list[str] = []  # what the idle watch did, for the next observation
 
-    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
-        command = arguments.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return Observation(text="error: `command` must be a non-empty string", error=True)
+    async def run(self, sandbox: Sandbox, args: BashArgs) -> Observation:
         async with self._lock:
-            return await self._run(sandbox, command, self.timeout)
+            return await self._run(sandbox, args.command, self.timeout)
 
     async def _run(self, sandbox: Sandbox, command: str, timeout: float) -> Observation:
-        if self._shell is None or not self._shell.isalive() or self._sandbox is not sandbox:
+        if self._shell is None or not self._shell.alive() or self._sandbox is not sandbox:
             await self._start(sandbox)
         notes, self._pending = self._pending, []
         assert self._shell is not None
@@ -191,11 +128,11 @@ class BashTool:
         nonce = secrets.token_hex(6)
         script = (
             "__agentrl_cmd=''\n"
-            + "".join(f"__agentrl_cmd+=$'{chunk}'\n" for chunk in _ansi_c_chunks(command))
-            + f'eval "$__agentrl_cmd" < /dev/null; __agentrl_rc=$?; {_TTY_RESET}; '
-            + f"{_sentinel_cmd(nonce, '$__agentrl_rc')}\n"
+            + "".join(f"__agentrl_cmd+=$'{chunk}'\n" for chunk in ansi_c_chunks(command))
+            + f'eval "$__agentrl_cmd" < /dev/null; __agentrl_rc=$?; {TTY_RESET}; '
+            + f"{sentinel_cmd(nonce, '$__agentrl_rc')}\n"
         )
-        out = _Output(self.keep_bytes, _sentinel_re(nonce))
+        out = Output(self.keep_bytes, sentinel_re(nonce))
         exchange = asyncio.ensure_future(asyncio.to_thread(self._exchange, script, out, timeout))
         hazard = await self._watch(sandbox, exchange)
         status = await exchange
@@ -337,7 +274,7 @@ class BashTool:
             await sandbox.stop_processes()
         await self._restart(sandbox)
 
-    def _exchange(self, script: str, out: _Output, timeout: float) -> str:
+    def _exchange(self, script: str, out: Output, timeout: float) -> str:
         """Send the script and read until the sentinel; 'done', 'timeout' or 'eof'."""
         shell = self._shell
         assert shell is not None
@@ -348,12 +285,10 @@ class BashTool:
             if left <= 0:
                 return "timeout"
             try:
-                chunk = shell.read_nonblocking(size=1 << 16, timeout=min(left, 1.0))
-            except pexpect.TIMEOUT:
-                continue
-            except pexpect.EOF:
+                chunk = shell.read(min(left, 1.0))
+            except EOFError:
                 return "eof"
-            if out.feed(chunk):
+            if chunk and out.feed(chunk):
                 return "done"
 
     def _interrupt(self) -> bool:
@@ -364,37 +299,34 @@ class BashTool:
         try:
             shell.send(b"\x03")
             time.sleep(0.2)
-            shell.send(f"\n{_sentinel_cmd(nonce)}\n".encode())
+            shell.send(f"\n{sentinel_cmd(nonce)}\n".encode())
         except OSError:
             return False
-        probe = _Output(4096, _sentinel_re(nonce))
+        probe = Output(4096, sentinel_re(nonce))
         # Generous: on a loaded machine a healthy shell can take seconds to answer, and a
         # needless restart loses its state; only a shell that ignores Ctrl-C waits it out.
         deadline = time.monotonic() + 8.0
         while time.monotonic() < deadline:
             try:
-                chunk = shell.read_nonblocking(size=1 << 16, timeout=0.5)
-            except pexpect.TIMEOUT:
-                continue
-            except pexpect.EOF:
+                chunk = shell.read(0.5)
+            except EOFError:
                 return False
-            if probe.feed(chunk):
+            if chunk and probe.feed(chunk):
                 return True
         return False
 
     async def _start(self, sandbox: Sandbox) -> None:
         if self._shell is not None:
-            await self._kill(sandbox)
+            await self._kill()
         if self._sandbox is not sandbox:
             self._baseline = self._seen = None
             self._stop_idle()
         self._sandbox = sandbox
         self._shell = await sandbox.shell(self.shell_argv)
-        self._shell.delaybeforesend = None  # pexpect sleeps 50 ms before each send otherwise
         nonce = secrets.token_hex(6)
         workdir = sandbox.spec.workdir.replace("'", "'\\''")
-        script = f"{SETUP}cd '{workdir}' 2>/dev/null; {_sentinel_cmd(nonce)}\n"
-        out = _Output(1 << 16, _sentinel_re(nonce))
+        script = f"{SETUP}cd '{workdir}' 2>/dev/null; {sentinel_cmd(nonce)}\n"
+        out = Output(1 << 16, sentinel_re(nonce))
         status = await asyncio.to_thread(self._exchange, script, out, 30.0)
         if status != "done" or out.match is None:
             raise SandboxError(f"the bash shell in sandbox {sandbox.id} did not start ({status})")
@@ -406,14 +338,14 @@ class BashTool:
                 self._idle = asyncio.create_task(self._watch_idle(sandbox))
 
     async def _restart(self, sandbox: Sandbox) -> None:
-        await self._kill(sandbox)
+        await self._kill()
         await self._start(sandbox)
 
-    async def _kill(self, sandbox: Sandbox) -> None:
+    async def _kill(self) -> None:
         """Kill the shell and everything in its session (a wedged `less`, `vim`...)."""
         shell, self._shell = self._shell, None
         if shell is not None:
-            await sandbox.kill_shell(shell)
+            await shell.close()
 
     def _stop_idle(self) -> None:
         if self._idle is not None:
@@ -423,9 +355,9 @@ class BashTool:
     async def close(self) -> None:
         """Kill the shell; idempotent. The sandbox itself is closed by its owner."""
         self._stop_idle()
-        if self._sandbox is not None and self._shell is not None:
+        if self._shell is not None:
             try:
-                await self._kill(self._sandbox)
+                await self._kill()
             except Exception:  # a sandbox that is already gone took the shell with it
                 self._shell = None
 

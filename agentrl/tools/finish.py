@@ -6,34 +6,28 @@ as `answer`, which the ReAct loop turns into the `finished` stop reason.
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import ConfigDict, Field
 
 from agentrl.sandbox.base import Sandbox
-from agentrl.tools.base import Observation
+from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
 
 
-def _text_argument(arguments: dict[str, Any], key: str) -> str | None:
-    """The argument as a string (numbers are accepted and written out); None if absent."""
-    value = arguments.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    raise TypeError(f"`{key}` must be a string, got {type(value).__name__}")
+class _Text(ToolArgs):
+    # A number in the JSON call is written out as text; true/false is refused.
+    model_config = ConfigDict(coerce_numbers_to_str=True)
 
 
-def _unknown(arguments: dict[str, Any], allowed: set[str], tool: str) -> Observation | None:
-    extra = sorted(set(arguments) - allowed)
-    if not extra:
-        return None
-    accepted = ", ".join(sorted(allowed))
-    return Observation(
-        text=f"{tool} got unknown argument(s) {', '.join(extra)}; it accepts: {accepted}",
-        error=True,
+class FinishArgs(_Text):
+    message: str | None = Field(
+        default=None, description="Optional short summary of what was done."
     )
 
 
-class FinishTool:
+class SubmitArgs(_Text):
+    answer: str = Field(description="Your final answer.")
+
+
+class FinishTool(ModelTool[FinishArgs, ToolOptions]):
     """Ends the episode; the optional `message` becomes the answer."""
 
     name = "finish"
@@ -42,32 +36,14 @@ class FinishTool:
         "(or cannot make further progress). Optionally include a short `message` "
         "summarising what you did."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "message": {
-                "type": "string",
-                "description": "Optional short summary of what was done.",
-            },
-        },
-        "required": [],
-        "additionalProperties": False,
-    }
+    Args = FinishArgs
+    Options = ToolOptions
 
-    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
-        if problem := _unknown(arguments, {"message"}, self.name):
-            return problem
-        try:
-            message = _text_argument(arguments, "message")
-        except TypeError as e:
-            return Observation(text=f"finish: {e}", error=True)
-        return Observation(text="Finished; the episode ends.", done=True, answer=message)
-
-    async def close(self) -> None:
-        return None
+    async def run(self, sandbox: Sandbox, args: FinishArgs) -> Observation:
+        return Observation(text="Finished; the episode ends.", done=True, answer=args.message)
 
 
-class SubmitTool:
+class SubmitTool(ModelTool[SubmitArgs, ToolOptions]):
     """Ends the episode with the agent's `answer` (required)."""
 
     name = "submit"
@@ -75,25 +51,10 @@ class SubmitTool:
         "Submit your final answer and end the episode. You cannot act after submitting, "
         "so call it only when you are sure."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "answer": {"type": "string", "description": "Your final answer."},
-        },
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
+    Args = SubmitArgs
+    Options = ToolOptions
 
-    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
-        if problem := _unknown(arguments, {"answer"}, self.name):
-            return problem
-        try:
-            answer = _text_argument(arguments, "answer")
-        except TypeError as e:
-            return Observation(text=f"submit: {e}", error=True)
-        if answer is None:
-            return Observation(text="submit: the `answer` argument is required", error=True)
-        return Observation(text="Answer submitted; the episode ends.", done=True, answer=answer)
-
-    async def close(self) -> None:
-        return None
+    async def run(self, sandbox: Sandbox, args: SubmitArgs) -> Observation:
+        return Observation(
+            text="Answer submitted; the episode ends.", done=True, answer=args.answer
+        )

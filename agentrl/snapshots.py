@@ -1,0 +1,86 @@
+"""An episode's replay points: sandbox commits made in the background, and their retention.
+
+After INIT and after every `every`-th turn the sandbox is committed while the next
+generation runs; the next action waits for the commit (`settle`), so the snapshot holds
+the state the turn left. A failed commit loses a replay point, never the episode.
+Retention: a full-reward success keeps its snapshots only if it falls in the
+`keep_successful` sample, drawn from a hash of its ids so the choice is reproducible;
+the others are removed at close and recorded as none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from agentrl.errors import AgentRLError
+from agentrl.sandbox.base import Sandbox
+from agentrl.tasks.spec import SnapshotPolicy
+from agentrl.trajectory import EnvInfo, Turn
+
+log = logging.getLogger(__name__)
+
+
+class Snapshots:
+    """The commits one episode makes (a branch inherits others, which it never removes)."""
+
+    def __init__(self, policy: SnapshotPolicy) -> None:
+        self.policy = policy
+        # The commit in flight and where its id goes: the turn, or the INIT record.
+        self._pending: tuple[Turn | EnvInfo, asyncio.Future[str]] | None = None
+        self.made: list[str] = []
+
+    def due(self, turns_done: int) -> bool:
+        """Whether the turn that makes `turns_done` turns is committed (0: the INIT state)."""
+        every = self.policy.every
+        return bool(every) and turns_done % every == 0
+
+    def start(self, sandbox: Sandbox, record: Turn | EnvInfo, label: str) -> None:
+        """Commit the sandbox in the background; its id goes to `record` once settled."""
+        assert self._pending is None
+        self._pending = (record, asyncio.ensure_future(sandbox.snapshot(label)))
+
+    async def settle(self, name: str) -> None:
+        """Wait for the commit in flight, if any, and record its id."""
+        if self._pending is None:
+            return
+        record, commit = self._pending
+        try:
+            snapshot_id = await asyncio.shield(commit)  # a cancelled wait leaves it pending
+        except AgentRLError as e:  # a failed commit loses a replay point, not the episode
+            log.warning("%s: snapshot failed: %s", name, e)
+            self._pending = None
+            return
+        self._pending = None
+        self.made.append(snapshot_id)
+        if isinstance(record, Turn):
+            record.snapshot_id = snapshot_id
+        else:
+            record.init_snapshot = snapshot_id
+
+    def dropped(self, key: str, reward: float | None) -> bool:
+        """Whether retention removes these snapshots: a full-reward success not in the
+        `keep_successful` sample (drawn from `key`, the run and trajectory ids)."""
+        if reward is None or reward < 1.0:
+            return False
+        draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+        return draw >= self.policy.keep_successful
+
+    def unrecorded(self, turns: list[Turn], env: EnvInfo) -> tuple[list[Turn], EnvInfo]:
+        """The records without the snapshots this episode made (they are being removed)."""
+        gone = set(self.made)
+        turns = [
+            t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t
+            for t in turns
+        ]
+        if env.init_snapshot in gone:
+            env = env.model_copy(update={"init_snapshot": None})
+        return turns, env
+
+    async def remove(self, remove: Callable[[str], Awaitable[int]]) -> None:
+        for snapshot_id in self.made:
+            with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+                await remove(snapshot_id)

@@ -139,9 +139,10 @@ def check_paths(
     concurrency: int = 2,
 ) -> list[CheckRow]:
     """`agentrl check` over task files and folders: the rows of every instance."""
-    from agentrl.runner import load_any_task, make_env, select_instances
+    from agentrl.runner import make_env, select_instances
+    from agentrl.tasks.formats import load_any
 
-    tasks = [select_instances(load_any_task(p), instances, strict=False) for p in paths]
+    tasks = [select_instances(load_any(p), instances, strict=False) for p in paths]
     if instances and not any(t.instances for t in tasks):
         from agentrl.errors import ConfigError
 

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.agent import Episode, act, build_tools, close_all, conversation
+from agentrl.agent import Episode, build_tools, conversation
 from agentrl.errors import ConfigError
-from agentrl.runner import load_any_task, make_env, read_run_info
+from agentrl.runner import make_env, read_run_info
+from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, Task
+from agentrl.toolcall import act, close_all
 from agentrl.trajectory import Trajectory, TrajectoryStore, Turn
 
 if TYPE_CHECKING:
@@ -336,7 +338,7 @@ def _diff(recorded: str, replayed: str) -> str:
 
 
 def _task_of(paths: list[str], traj: Trajectory) -> Task:
-    tasks = [load_any_task(p) for p in paths]
+    tasks = [load_any(p) for p in paths]
     for task in tasks:
         if task.spec.name == traj.task:
             if traj.env.task_hash and task.hash != traj.env.task_hash:

@@ -6,7 +6,7 @@ same machinery for loaders that check more than the schema (tasks): parse, valid
 then add their own problems at a loc. Lines come from the YAML node tree, so a pydantic
 error's loc points at the offending key (for a missing key: at its parent); a value
 that fits no member of a union gets one line, and a misspelt key is reported once, as
-unknown, with the closest valid key.
+unknown, with the closest valid key. Parsing and lines are `agentrl.yamlnodes`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pydantic_core import ErrorDetails
 
 from agentrl.errors import ConfigError
 from agentrl.textfile import UnreadableFile, read_text
+from agentrl.yamlnodes import Loc, compose, duplicate_keys, find, yaml_error
 
-Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -98,11 +98,11 @@ class YamlFile:
 
     def line(self, loc: Loc) -> int:
         """The line of the key (or item) at `loc`; if absent, its nearest parent's."""
-        return _find(self.root, loc)[0]
+        return find(self.root, loc)[0]
 
     def line_in(self, loc: Loc, newlines: int) -> int:
         """The line `newlines` lines into the string at `loc`, exact for `|` block scalars."""
-        line, node = _find(self.root, loc)
+        line, node = find(self.root, loc)
         if isinstance(node, yaml.ScalarNode) and node.style == "|":
             return node.start_mark.line + 2 + newlines
         return line
@@ -127,7 +127,7 @@ class YamlFile:
             example = f"{self.keys[0]}: ..., ..." if self.keys else "key: value"
             self.add((), f"the top level should be a mapping ({example}), got {show(data)}")
         else:
-            for loc, line, first in _duplicate_keys(self.root, ()):
+            for loc, line, first in duplicate_keys(self.root, ()):
                 self.add(loc, f"duplicate key (first on line {first}): remove one", line=line)
             return data
         return None
@@ -179,147 +179,6 @@ class YamlFile:
             if i not in skip:
                 loc, message = _schema_message(e, w)
                 self.add(loc, message)
-
-
-# --- YAML with positions ---------------------------------------------------------------
-
-
-MAX_NODES = 1_000_000
-"""Values in a YAML document with every alias expanded: beyond, it is an alias bomb."""
-MAX_DEPTH = 100
-"""How deeply a YAML document may nest: no config comes near it; a hostile one may."""
-
-
-def compose(text: str) -> tuple[yaml.Node | None, Any]:
-    """The node tree (for lines) and the data of one YAML document; raises yaml.YAMLError.
-
-    A document is refused before it is built when its aliases would expand past
-    MAX_NODES values ("billion laughs"), when it nests deeper than MAX_DEPTH, or when an
-    alias refers to a node that contains it; a scalar Python cannot build (an integer of
-    5,000 digits, the 13th month) is an error too, never a crash.
-    """
-    loader = yaml.SafeLoader(text)
-    try:
-        try:
-            node = loader.get_single_node()
-        except RecursionError:
-            raise _refused(None, f"nested too deeply (more than {MAX_DEPTH} levels)") from None
-        if node is None:
-            return None, None
-        _check_shape(node)
-        try:
-            return node, loader.construct_document(node)
-        except (ValueError, OverflowError) as e:
-            raise _refused(None, f"a value cannot be read: {one_line(e)}") from None
-    finally:
-        loader.dispose()
-
-
-def _refused(node: yaml.Node | None, problem: str) -> yaml.MarkedYAMLError:
-    mark = node.start_mark if node is not None else None
-    return yaml.MarkedYAMLError(problem=problem, problem_mark=mark)
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
-
-
-def _check_shape(root: yaml.Node) -> None:
-    """Raise when the document, aliases expanded, is too big, too deep or cyclic.
-
-    One pass over the node graph (an alias is the same node object reached twice), each
-    node's expanded size and depth computed once from its children's.
-    """
-    size: dict[int, int] = {}
-    depth: dict[int, int] = {}
-    opened: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        if done:
-            kids = _children(node)
-            size[key] = 1 + sum(size[id(k)] for k in kids)
-            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
-            opened.discard(key)
-            if depth[key] > MAX_DEPTH:
-                raise _refused(node, f"nested too deeply (more than {MAX_DEPTH} levels)")
-            if size[key] > MAX_NODES:
-                raise _refused(
-                    node,
-                    f"its aliases expand to more than {MAX_NODES:,} values (an alias bomb?): "
-                    "write the values out, or use fewer aliases",
-                )
-            continue
-        if key in size:
-            continue
-        if key in opened:
-            raise _refused(node, "an alias refers to a node that contains it")
-        opened.add(key)
-        stack.append((node, True))
-        stack += [(k, False) for k in _children(node) if id(k) not in size]
-
-
-def yaml_error(e: yaml.YAMLError, text: str) -> tuple[int, str]:
-    """The line and a readable message of a YAML parse error in `text`."""
-    if isinstance(e, yaml.MarkedYAMLError):
-        mark = e.problem_mark or e.context_mark
-        msg = e.problem or e.context or "invalid YAML"
-        if e.problem and e.context:
-            where = f" on line {e.context_mark.line + 1}" if e.context_mark else ""
-            msg = f"{e.problem} ({e.context}{where})"
-        return (mark.line + 1 if mark else 1), msg
-    if isinstance(e, yaml.reader.ReaderError):
-        return text[: e.position].count("\n") + 1, f"{e.reason} (character {e.character!r})"
-    return 1, one_line(e)
-
-
-def _find(root: yaml.Node | None, loc: Loc) -> tuple[int, yaml.Node | None]:
-    node = root
-    line = root.start_mark.line + 1 if root is not None else 1
-    for elem in loc:
-        if isinstance(node, yaml.MappingNode):
-            pairs = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
-            match = [(k, v) for k, v in pairs if k.value == str(elem)]
-            if not match:
-                return line, None
-            key, node = match[-1]  # the last duplicate is the one the data holds
-            line = key.start_mark.line + 1
-        elif (
-            isinstance(node, yaml.SequenceNode) and isinstance(elem, int) and elem < len(node.value)
-        ):
-            node = node.value[elem]
-            line = node.start_mark.line + 1
-        else:
-            return line, None
-    return line, node
-
-
-def _duplicate_keys(
-    node: yaml.Node | None, loc: Loc, seen: set[int] | None = None
-) -> list[tuple[Loc, int, int]]:
-    """Keys given twice in one mapping; a node reached again through an alias is not rewalked."""
-    seen = set() if seen is None else seen
-    if node is None or id(node) in seen:
-        return []
-    seen.add(id(node))
-    out: list[tuple[Loc, int, int]] = []
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for k, v in node.value:
-            key, line = str(k.value), k.start_mark.line + 1
-            if isinstance(k, yaml.ScalarNode) and key in first:
-                out.append(((*loc, key), line, first[key]))
-            first.setdefault(key, line)
-            out += _duplicate_keys(v, (*loc, key), seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out += _duplicate_keys(item, (*loc, i), seen)
-    return out
 
 
 # --- pydantic errors, made readable ---------------------------------------------------
@@ -518,9 +377,3 @@ def show(value: object) -> str:
         return "nothing (null)"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as `Type: first line`."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -32,11 +32,12 @@ from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.replay import snapshot_ids
-from agentrl.runner import load_any_task, make_env
+from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, remove_run
+from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import SnapshotPolicy
-from agentrl.tasks.terminal import oracle_script
+from agentrl.tasks.terminal.load import oracle_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS_PER_TOKEN = 0.0051
@@ -108,7 +109,7 @@ def agent_script(folder: Path) -> list[str]:
 async def episode_seconds(
     folder: Path, provider: DockerProvider, tokenizer: Any, every: int, per_token: float
 ) -> tuple[float, float | None, int]:
-    task = load_any_task(folder)
+    task = load_any(folder)
     # Room for the longest reply (a reference solution inline); the limits are not measured.
     limits = task.spec.limits.model_copy(update={"max_new_tokens": 8192, "context_length": 32768})
     task = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
@@ -137,7 +138,7 @@ async def main(commits: int, reps: int) -> dict[str, Any]:
     provider = DockerProvider()
     tokenizer = load_tokenizer()
     run_id = f"bench-snapshot-{uuid.uuid4().hex[:6]}"
-    swe = load_any_task(ROOT / "tasks" / "swe_bench" / "instances.jsonl")
+    swe = load_any(ROOT / "tasks" / "swe_bench" / "instances.jsonl")
     swe_env = make_env(swe, provider, run_id)
     swe_image = await swe_env.instance_image(swe.instances[0])
     out: dict[str, Any] = {"commit": {}}

@@ -1,6 +1,12 @@
-"""`agentrl check`: every shipped task's reference solution earns 1.0 and doing nothing
-less, through the sandbox and grader training uses; and a grader that cannot tell them
-apart, or a task without a solution, fails the check."""
+"""`agentrl check`: a shipped task's reference solution earns 1.0 and doing nothing less,
+through the sandbox and grader training uses; and a grader that cannot tell them apart,
+or a task without a solution, fails the check.
+
+The check runs one shipped task of each format (Terminal-Bench, Harbor, a SWE-bench row)
+and the whole shell-basics training task. Every other shipped folder and row is played
+oracle and no-op through the same environment, with more of the evidence asserted, by
+test_terminal_tasks.py and test_swe_bench.py: grading them twice here proved nothing new.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = [
-    *sorted(str(p) for p in (REPO / "tasks" / "terminal").iterdir() if p.is_dir()),
-    str(REPO / "tasks" / "swe_bench" / "instances.jsonl"),
-    str(REPO / "tasks" / "train" / "shell-basics" / "task.yaml"),
-]
+TERMINAL = REPO / "tasks" / "terminal"
+SWE_ROWS = REPO / "tasks" / "swe_bench" / "instances.jsonl"
+SHELL_BASICS = REPO / "tasks" / "train" / "shell-basics" / "task.yaml"
 
 
 def _check(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
@@ -32,14 +36,17 @@ def _check(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_every_shipped_task_passes_check(tmp_path: Path) -> None:
-    done = _check(*SHIPPED, "--concurrency", "4", "--json", str(tmp_path / "check.json"))
+def test_one_shipped_task_of_each_format_passes_check(tmp_path: Path) -> None:
+    swe = tmp_path / "swe.jsonl"  # one shipped row: the same instance, the same image
+    swe.write_text(SWE_ROWS.read_text().splitlines(keepends=True)[0])
+    tasks = [TERMINAL / "access-log-report", TERMINAL / "cron-next-runs", swe, SHELL_BASICS]
+    done = _check(*map(str, tasks), "--concurrency", "4", "--json", str(tmp_path / "check.json"))
     rows = json.loads((tmp_path / "check.json").read_text())
     failed = [r for r in rows if not r["ok"]]
     assert done.returncode == 0 and not failed, done.stdout[-3000:] + done.stderr[-2000:]
     formats = {r["format"] for r in rows}
     assert formats == {"terminal-bench", "harbor", "swe-bench", "agentrl"}
-    assert len(rows) == 9 + 3 + 72
+    assert len(rows) == 1 + 1 + 1 + 72
     assert all(r["oracle"]["reward"] == 1.0 and r["noop"]["reward"] == 0.0 for r in rows)
     assert f"{len(rows)} of {len(rows)} instances pass" in done.stdout
 

@@ -18,9 +18,10 @@ import pytest
 from agentrl import replay
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
-from agentrl.runner import load_any_task, run_task
+from agentrl.runner import run_task
 from agentrl.sandbox.docker import SNAPSHOT_OF, DockerProvider, gc
 from agentrl.sandbox.images import docker_client
+from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import SnapshotPolicy, Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
@@ -73,7 +74,7 @@ def run_snapshots(run_dir: Path) -> list[str]:
 def broken(tmp_path_factory, tokenizer) -> tuple[Path, Trajectory]:
     """fix-wordfreq, broken at turn 3 by a scripted agent, a snapshot after every turn."""
     out = tmp_path_factory.mktemp("broken")
-    traj = scripted_run(load_any_task(WORDFREQ), DATA / "breaker.yaml", out, tokenizer)
+    traj = scripted_run(load_any(WORDFREQ), DATA / "breaker.yaml", out, tokenizer)
     yield out, traj
     asyncio.run(_remove(replay.snapshot_ids([traj])))
 
@@ -109,7 +110,7 @@ def test_replay_from_turn_0_and_from_turn_3_matches(broken) -> None:
 
 
 def test_a_nondeterministic_command_is_the_divergence(tmp_path: Path, tokenizer) -> None:
-    traj = scripted_run(load_any_task(WORDFREQ), DATA / "random.yaml", tmp_path, tokenizer)
+    traj = scripted_run(load_any(WORDFREQ), DATA / "random.yaml", tmp_path, tokenizer)
     try:
         report = asyncio.run(replay.replay(tmp_path, traj.trajectory_id, 0))
         assert not report.matched and report.replayed_turns == [0, 1, 2]
@@ -130,9 +131,7 @@ def test_a_nondeterministic_command_is_the_divergence(tmp_path: Path, tokenizer)
 
 
 def test_without_snapshots_replay_runs_init_again(tmp_path: Path, tokenizer) -> None:
-    traj = scripted_run(
-        load_any_task(WORDFREQ), DATA / "breaker.yaml", tmp_path, tokenizer, every=None
-    )
+    traj = scripted_run(load_any(WORDFREQ), DATA / "breaker.yaml", tmp_path, tokenizer, every=None)
     assert replay.snapshot_ids([traj]) == []  # the terminal task's default is off
     report = asyncio.run(replay.replay(tmp_path, traj.trajectory_id, 3))
     assert report.snapshot is None and report.restored_at == 0 and report.matched
@@ -141,7 +140,7 @@ def test_without_snapshots_replay_runs_init_again(tmp_path: Path, tokenizer) -> 
 def test_a_success_drops_its_snapshots_unless_sampled_for_keeping(
     tmp_path: Path, tokenizer
 ) -> None:
-    task = load_any_task(DATA / "task.yaml")
+    task = load_any(DATA / "task.yaml")
     script = tmp_path / "solve.yaml"
     script.write_text("- |-\n  ```bash\n  touch notes.txt\n  ```\n")
     dropped = scripted_run(task, script, tmp_path / "a", tokenizer)
@@ -153,13 +152,17 @@ def test_a_success_drops_its_snapshots_unless_sampled_for_keeping(
     asyncio.run(_remove(replay.snapshot_ids([kept])))
 
 
-def test_branching_from_turn_2_keeps_the_original_prefix(tmp_path: Path, tokenizer) -> None:
+def test_branching_from_turn_2_keeps_the_original_prefix(
+    tmp_path: Path, tokenizer, tiny_dir: Path
+) -> None:
+    """The branch's policy is the tiny model (SmolLM2's tokenizer, random weights): what
+    it samples is incidental; that its tokens follow the original's prefix is the proof."""
     from agentrl.inference.local import LocalSampler
 
-    task = load_any_task(DATA / "task.yaml")
+    task = load_any(DATA / "task.yaml")
     original = scripted_run(task, DATA / "wanderer.yaml", tmp_path, tokenizer)
     assert original.reward == 0.0 and len(original.turns) == 3
-    sampler = LocalSampler.embedded()
+    sampler = LocalSampler.for_model(str(tiny_dir))
     try:
         branch, divergence = asyncio.run(
             replay.branch(tmp_path, original.trajectory_id, 2, sampler, tokenizer)
@@ -295,7 +298,7 @@ def test_a_commit_overlaps_the_next_generation_and_precedes_the_next_action(
     tmp_path: Path, tokenizer
 ) -> None:
     events: list[tuple[str, float]] = []
-    task = load_any_task(DATA / "task.yaml")
+    task = load_any(DATA / "task.yaml")
     sampler = _Stamped(load_script(DATA / "wanderer.yaml"), tokenizer, events)
     asyncio.run(
         run_task(task, sampler, tokenizer, _SlowCommits(events), tmp_path, show_progress=False)
@@ -325,7 +328,7 @@ def test_replay_on_the_local_provider(tmp_path: Path, tokenizer) -> None:
     """The same snapshots and replay with no Docker at all (folder copies)."""
     from agentrl.sandbox.local import LocalProvider
 
-    task = load_any_task(DATA / "task.yaml")
+    task = load_any(DATA / "task.yaml")
     sampler = ScriptedSampler(load_script(DATA / "wanderer.yaml"), tokenizer)
     asyncio.run(run_task(task, sampler, tokenizer, LocalProvider(), tmp_path, show_progress=False))
     (traj,) = TrajectoryStore(tmp_path / "trajectories.jsonl")

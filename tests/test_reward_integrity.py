@@ -32,8 +32,10 @@ from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.graders import DidNotRun, Grade
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Instance, Task
-from agentrl.tasks.swe_bench import BASE_TAG, load_swe_bench, prepare_image
-from agentrl.tasks.terminal import load_terminal_task
+from agentrl.tasks.swe import BASE_TAG
+from agentrl.tasks.swe.images import prepare_image
+from agentrl.tasks.swe.rows import load_swe_bench
+from agentrl.tasks.terminal.load import load_terminal_task
 
 pytestmark = pytest.mark.docker
 
@@ -548,7 +550,7 @@ def test_changes_read_from_the_upper_layer_are_what_docker_diff_says(run_id: str
     asking the engine for `docker diff` (0.4 s here): the same paths and kinds, and a link
     to / the agent made is not followed."""
     from agentrl.sandbox.base import SandboxSpec
-    from agentrl.sandbox.docker import _KINDS, _upper_changes
+    from agentrl.sandbox.docker.host import _KINDS, _upper_changes
 
     async def go() -> tuple[set[tuple[str, str]], set[tuple[str, str]] | None]:
         sandbox = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))

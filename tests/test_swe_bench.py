@@ -28,16 +28,16 @@ from agentrl.sandbox.images import ImageInfo
 from agentrl.sandbox.local import LocalProvider
 from agentrl.tasks.graders import Grade, listed_tests
 from agentrl.tasks.spec import Instance, PythonGrader
-from agentrl.tasks.swe_bench import (
-    BASE_TAG,
-    SweBenchEnv,
+from agentrl.tasks.swe import BASE_TAG
+from agentrl.tasks.swe.env import SweBenchEnv
+from agentrl.tasks.swe.images import (
     build_instance_image,
     find_or_build_image,
-    load_swe_bench,
-    patch_files,
     prepare_context,
     standard_image_name,
 )
+from agentrl.tasks.swe.patch import patch_files
+from agentrl.tasks.swe.rows import load_swe_bench
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "tasks" / "swe_bench" / "instances.jsonl"

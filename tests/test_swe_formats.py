@@ -24,11 +24,9 @@ from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import docker_client
 from agentrl.tasks.graders import Grade
-from agentrl.tasks.swe_bench import (
-    image_names,
-    load_swe_bench,
-    parse_r2e_log,
-)
+from agentrl.tasks.swe.grade import parse_r2e_log
+from agentrl.tasks.swe.images import image_names
+from agentrl.tasks.swe.rows import load_swe_bench
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

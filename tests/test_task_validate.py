@@ -317,8 +317,8 @@ def test_check_task_never_raises_on_mangled_files(tmp_path):
             assert problem.line >= 1 and problem.field and problem.message
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00garbage")
     assert check_task(tmp_path / "bin.yaml")[0].field == "task"
-    (folder_problem,) = check_task(tmp_path)  # a folder without a task: a problem, not a crash
-    assert folder_problem.message == "no task.yaml or task.toml in this folder"
+    (folder_problem,) = check_task(tmp_path)  # a folder as a task file: a problem, no crash
+    assert folder_problem.message == "is a folder, not a file"
 
 
 @pytest.mark.parametrize(

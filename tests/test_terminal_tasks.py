@@ -37,9 +37,10 @@ from agentrl.tasks.graders import (
     parse_pytest_log,
     parse_reward,
 )
-from agentrl.tasks.offline import PROVIDED_PYTHON, python_archive
 from agentrl.tasks.spec import Instance, Task, TaskSpec
-from agentrl.tasks.terminal import detect_format, load_terminal_task, oracle_script, run_oracle
+from agentrl.tasks.terminal.downloads import PROVIDED_PYTHON, python_archive
+from agentrl.tasks.terminal.env import run_oracle
+from agentrl.tasks.terminal.load import detect_format, load_terminal_task, oracle_script
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = REPO / "tasks" / "terminal"

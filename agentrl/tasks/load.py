@@ -9,25 +9,20 @@ folders and the content hash. Paths in a task resolve beside the task file.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import importlib
-import importlib.util
-import inspect
-import io
 import json
 import os
 import re
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from agentrl.errors import ConfigError
+from agentrl.tasks.instance_files import READERS, FileProblem, rows_yaml
+from agentrl.tasks.placeholders import fill_names, format_names
 from agentrl.tasks.spec import (
     CommandGrader,
     Instance,
@@ -38,23 +33,19 @@ from agentrl.tasks.spec import (
     ToolConfig,
 )
 from agentrl.textfile import UnreadableFile, read_text
-from agentrl.tools.base import REGISTRY, tool_class
+from agentrl.tools.base import REGISTRY, option_problems, options_model, tool_class
 from agentrl.yamlfile import (
     ConfigFileError,
     Loc,
     Problem,
     YamlFile,
-    compose,
-    one_line,
-    readable,
     show,
     suggest,
-    yaml_error,
 )
+from agentrl.yamlnodes import one_line
 
-__all__ = ["Problem", "TaskError", "check_task", "is_task_path", "load_task", "parse_test_ids"]
+__all__ = ["Problem", "TaskError", "check_task", "load_task", "parse_test_ids"]
 
-TASK_SUFFIXES = (".yaml", ".yml")
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".csv")
 BYTES_PER_TOKEN = 32
 """More bytes per token than any tokenizer packs into a prompt of text (3-5 is usual)."""
@@ -64,14 +55,6 @@ class TaskError(ConfigFileError):
     """A task has problems; `problems` lists each, the message has one per line."""
 
     default_fix = "fix each problem above, then check again with: agentrl validate FILE"
-
-
-def is_task_path(path: str | Path) -> bool:
-    """A task file (.yaml/.yml), or a task folder (Terminal-Bench task.yaml, Harbor task.toml)."""
-    p = Path(path)
-    if p.is_dir():
-        return (p / "task.yaml").is_file() or (p / "task.toml").is_file()
-    return p.suffix in TASK_SUFFIXES
 
 
 def check_task(path: str | Path) -> list[Problem]:
@@ -99,29 +82,6 @@ def parse_test_ids(value: object) -> list[str] | None:
     return None
 
 
-def _load_folder(path: Path) -> tuple[Task | None, list[Problem]]:
-    # The hook for imported formats: Terminal-Bench (task.yaml) and Harbor (task.toml)
-    # folders become a Task in agentrl.tasks.terminal.load_terminal_task.
-    if not is_task_path(path):
-        return None, [Problem(str(path), 1, "task", "no task.yaml or task.toml in this folder")]
-    if importlib.util.find_spec("agentrl.tasks.terminal") is None:
-        return None, [Problem(str(path), 1, "task", "task folders are not supported yet")]
-    from agentrl.tasks.terminal import load_terminal_task
-
-    try:
-        return load_terminal_task(path), []
-    except ConfigFileError as e:  # a TaskError: its problems, each at its own line
-        return None, e.problems
-    except ConfigError as e:
-        return None, [Problem(str(path), 1, "task", str(e))]
-
-
-class _FileProblem(Exception):
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line, self.message = line, message
-
-
 @dataclass
 class _Row:
     value: Any
@@ -136,8 +96,6 @@ class _Loader(YamlFile):
         self.base = path.parent
 
     def run(self) -> tuple[Task | None, list[Problem]]:
-        if self.path.is_dir():
-            return _load_folder(self.path)
         data = self.parse()
         if data is None:
             return None, self.problems
@@ -213,10 +171,9 @@ class _Loader(YamlFile):
             else:
                 self.add(("instances",), f"{name!r}: {e.reason}", line=e.line, file=str(path))
             return None
-        reader = {".jsonl": _rows_jsonl, ".json": _rows_json, ".csv": _rows_csv}.get(path.suffix)
         try:
-            entries = (reader or _rows_yaml)(text)
-        except _FileProblem as e:
+            entries = READERS.get(path.suffix, rows_yaml)(text)
+        except FileProblem as e:
             self.add(("instances",), e.message, line=e.line, file=str(path))
             return None
         rows = []
@@ -239,7 +196,7 @@ class _Loader(YamlFile):
         fields = sorted({f for inst in instances for f in inst.fields})
         for loc, text in templates:
             try:  # shell commands are filled like graders.fill, prompts like str.format
-                names = _format_names(text) if loc[0] == "prompt" else _fill_names(text)
+                names = format_names(text) if loc[0] == "prompt" else fill_names(text)
             except ValueError as e:
                 self.add(loc, f"{e} (write {{{{ or }}}} for a literal brace)")
                 continue
@@ -312,36 +269,16 @@ class _Loader(YamlFile):
             )
 
     def _options(self, cls: type, cfg: ToolConfig, loc: Loc) -> None:
-        try:
-            sig = inspect.signature(cls, eval_str=True)
-        except Exception:  # no introspectable signature: nothing to check against
+        """The options against the tool's own `Options` model (the one its constructor uses)."""
+        model = options_model(cls)
+        if model is None:  # it declares none: only its constructor can check them
             return
-        params = sig.parameters
-        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        names = [n for n, p in params.items() if p.kind in kinds]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            unknown = [k for k in cfg.options if k not in names]
-            for key in unknown:
-                options = f"; its options: {', '.join(names) or 'none'}"
-                msg = f"{cls.__name__} has no option {key!r}{suggest(key, names)}{options}"
-                self.add((*loc, "options", key), msg)
-            if unknown:
-                return
         try:
-            sig.bind(**cfg.options)
-        except TypeError as e:
-            self.add((*loc, "options") if cfg.options else loc, f"{cls.__name__}: {e}")
-            return
-        for key, value in cfg.options.items():
-            annotation = params[key].annotation if key in params else inspect.Parameter.empty
-            if annotation is inspect.Parameter.empty:
-                continue
-            try:
-                TypeAdapter(annotation).validate_python(value)
-            except ValidationError as e:
-                self.add((*loc, "options", key), readable(e.errors()[0]))
-            except Exception:  # an annotation pydantic cannot check: the constructor will
-                continue
+            model.model_validate(cfg.options)
+        except ValidationError as e:
+            for where, message in option_problems(cls, e):
+                at = (*loc, "options", *where) if cfg.options else loc
+                self.add(at, message if where else f"{cls.__name__}: {message}")
 
     def _beside(self, name: str, loc: Loc) -> bool:
         """Whether `name` stays inside the task's folder (links followed); else a problem."""
@@ -421,90 +358,6 @@ class _Loader(YamlFile):
                 h.update(f"{name}\0{len(data)}\0".encode())
                 h.update(data)
         return h.hexdigest()[:16]
-
-
-# --- placeholders: (name, newlines before it, right after a `$`) ----------------------
-
-# The grader fills its command like graders.fill: `${VAR}` and other braces stay as written.
-_FILL_PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
-
-
-def _format_names(text: str) -> list[tuple[str, int, bool]]:
-    """Placeholders as str.format reads them (the prompts); ValueError for a stray brace."""
-    out, newlines, seen = [], 0, set()
-    for literal, field, spec, conversion in string.Formatter().parse(text):
-        newlines += literal.count("\n")
-        name = None if field is None else field + (f"!{conversion}" if conversion else "")
-        name = name + f":{spec}" if name is not None and spec else name
-        if name is not None and name not in seen:
-            seen.add(name)
-            out.append((name, newlines, literal.endswith("$")))
-    return out
-
-
-def _fill_names(text: str) -> list[tuple[str, int, bool]]:
-    out: list[tuple[str, int, bool]] = []
-    for m in _FILL_PLACEHOLDER.finditer(text):
-        if all(m.group(1) != name for name, _n, _d in out):
-            out.append((m.group(1), text[: m.start()].count("\n"), False))
-    return out
-
-
-# --- instances files: (line, value, error) per entry ---------------------------------
-
-
-def _rows_jsonl(text: str) -> list[tuple[int, Any, str | None]]:
-    out: list[tuple[int, Any, str | None]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append((n, json.loads(line), None))
-            except json.JSONDecodeError as e:
-                out.append((n, None, f"invalid JSON: {e.msg} (column {e.colno})"))
-    return out
-
-
-def _rows_json(text: str) -> list[tuple[int, Any, str | None]]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _FileProblem(e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from e
-    if not isinstance(data, list):
-        raise _FileProblem(1, f"should be a JSON list of instances, got {show(data)}")
-    try:  # JSON is YAML: the node tree gives each entry's line
-        node = compose(text)[0]
-        lines = [n.start_mark.line + 1 for n in node.value] if node else []
-    except yaml.YAMLError:
-        lines = []
-    if len(lines) != len(data):
-        lines = [1] * len(data)
-    return [(line, v, None) for line, v in zip(lines, data, strict=True)]
-
-
-def _rows_yaml(text: str) -> list[tuple[int, Any, str | None]]:
-    try:
-        node, data = compose(text)
-    except yaml.YAMLError as e:
-        line, msg = yaml_error(e, text)
-        raise _FileProblem(line, msg) from e
-    if data is None:
-        return []
-    if not isinstance(data, list) or not isinstance(node, yaml.SequenceNode):
-        raise _FileProblem(1, f"should be a list of instances, got {show(data)}")
-    return [(n.start_mark.line + 1, v, None) for n, v in zip(node.value, data, strict=True)]
-
-
-def _rows_csv(text: str) -> list[tuple[int, Any, str | None]]:
-    reader = csv.DictReader(io.StringIO(text))
-    out: list[tuple[int, Any, str | None]] = []
-    try:
-        for row in reader:
-            extra = row.pop(None, None)  # type: ignore[call-overload]  # DictReader's restkey
-            error = f"{len(extra)} more cell(s) than the header" if extra else None
-            out.append((reader.line_num, row, error))
-    except csv.Error as e:
-        raise _FileProblem(reader.line_num, f"invalid CSV: {e}") from e
-    return out
 
 
 def _ids(instances: list[Instance]) -> str:

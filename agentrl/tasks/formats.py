@@ -1,0 +1,97 @@
+"""One door for every task format: `load_any(path)` decides what `path` holds, once, and
+hands it to its reader.
+
+- a folder with `task.yaml` (Terminal-Bench) or `task.toml` (Harbor): `tasks.terminal`;
+- `.json` / `.jsonl` rows (SWE-bench, SWE-Gym, SWE-smith, R2E-Gym): `tasks.swe`;
+- a `.yaml` / `.yml` task file: `tasks.load`.
+
+`kind_of(path)` says which, and also names the two other files a person passes to the
+CLI: a train config (a `.yaml` with a top-level `schedule:`) and trajectories (a
+`.jsonl` whose rows carry `trajectory_id`). It reads at most a file's head, refuses a
+FIFO or device before reading it, and imports nothing heavy, so `agentrl validate` of a
+train config never loads torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from agentrl.errors import ConfigError
+from agentrl.tasks.spec import Task
+from agentrl.textfile import MAX_BYTES, regular_file
+
+Kind = Literal["task", "task-folder", "rows", "train-config", "trajectories"]
+
+TASK_SUFFIXES = (".yaml", ".yml")
+ROWS_SUFFIXES = (".json", ".jsonl")
+HEAD_BYTES = 4096
+ROW_KEYS = ('"instance_id"', '"repo_name"', '"docker_image"')
+"""A key that opens every dataset's rows (R2E-Gym's have no instance_id)."""
+
+
+def kind_of(path: str | Path) -> Kind:
+    """What `path` holds, from its name and, where the name does not settle it, its head.
+
+    A missing file is classified by its name (its reader says it is missing); a path that
+    is none of the kinds is a ConfigError with the fix.
+    """
+    p = Path(path)
+    if p.is_dir():
+        if (p / "task.yaml").is_file() or (p / "task.toml").is_file():
+            return "task-folder"
+        raise ConfigError(
+            f"{p}: no task.yaml or task.toml in this folder",
+            fix="name a task folder (Terminal-Bench: task.yaml, Harbor: task.toml) or a task file",
+        )
+    if p.exists():
+        regular_file(p)  # a FIFO or a device is refused before its head is read
+    if p.suffix in TASK_SUFFIXES:
+        return "train-config" if _is_train_config(p) else "task"
+    if p.suffix == ".jsonl" and _holds_trajectories(p):
+        return "trajectories"
+    if p.suffix in ROWS_SUFFIXES:
+        return "rows"
+    raise ConfigError(
+        f"{p}: neither a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)",
+        fix="name a task file or folder, a train config, rows or trajectories",
+    )
+
+
+def load_any(path: str | Path) -> Task:
+    """The task at `path`, in whichever format it is (see `kind_of`)."""
+    kind = kind_of(path)
+    if kind == "task-folder":
+        from agentrl.tasks.terminal.load import load_terminal_task
+
+        return load_terminal_task(path)
+    if kind == "rows":
+        from agentrl.tasks.swe.rows import load_swe_bench
+
+        return load_swe_bench(path)
+    if kind == "task":
+        from agentrl.tasks.load import load_task
+
+        return load_task(path)
+    if kind == "train-config":
+        raise ConfigError(f"{path} is a train config, not a task", fix=f"agentrl train {path}")
+    raise ConfigError(
+        f"{path} holds trajectories, not a task",
+        fix="name the task they came from (run.json in their run folder lists it)",
+    )
+
+
+def _is_train_config(path: Path) -> bool:
+    """Train configs have a top-level `schedule:`; tasks never do."""
+    if not path.is_file() or path.stat().st_size > MAX_BYTES:
+        return False  # the task loader says what is wrong with it
+    return any(line.startswith(b"schedule:") for line in path.read_bytes().splitlines())
+
+
+def _holds_trajectories(path: Path) -> bool:
+    """Trajectories carry `trajectory_id`; rows open with a dataset's key."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.read(HEAD_BYTES).decode("utf-8", errors="replace")
+    return '"trajectory_id"' in head or not any(key in head for key in ROW_KEYS)

@@ -1,0 +1,215 @@
+"""Grading the agent's patch in a fresh container, as each format's harness grades:
+
+- swe-bench / swe-gym: the harness's eval script; its log parsed and graded by the
+  official `swebench` package (`get_logs_eval`, `get_eval_tests_report`,
+  `get_resolution_status`);
+- swe-smith: the bug applied to the clean repository, then the patch; the profile's
+  verbose pytest on the files of the listed tests;
+- r2e-gym: the hidden tests where R2E-Gym's runtime puts them, `run_tests.sh`, every
+  parsed status compared with `expected_output_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tempfile
+import time
+
+from agentrl.sandbox.base import ExecRequest, Sandbox
+from agentrl.tasks.graders import (
+    DidNotRun,
+    Evidence,
+    Grade,
+    check_collected,
+    listed_tests,
+    ran,
+    tail,
+    truncate,
+)
+from agentrl.tasks.spec import Instance
+from agentrl.tasks.swe import R2E_RUNNER, R2E_TESTS, TEST_TIMEOUT_S, WORKDIR, Format
+from agentrl.tasks.swe.harness import CONDA, END, START, eval_spec
+from agentrl.tasks.swe.patch import PATCH_TIMEOUT_S, apply_patch, files_of_tests
+
+EVAL_SCRIPT = "/eval.sh"
+SWE_SMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
+_SMITH_LINE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL)\b")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: str) -> Grade:
+    """Grade `patch` in `sandbox`, a fresh container from the instance's image."""
+    started = time.monotonic()
+    if fmt == "swe-smith":  # the clean repository plus the bug is what the patch fixes
+        await sandbox.write_file("/tmp/agentrl-bug.diff", str(instance.fields["patch"]).encode())
+        bug = await sandbox.exec(
+            ExecRequest(command="git apply /tmp/agentrl-bug.diff", timeout=PATCH_TIMEOUT_S)
+        )
+        if bug.exit_code != 0:
+            evidence = ran(bug, "applying the bug patch", fmt, "git apply")
+            raise DidNotRun(f"the row's bug patch does not apply: {tail(bug.output)}", evidence)
+    if fmt == "r2e-gym":  # where R2E-Gym's runtime puts the hidden tests
+        setup = (
+            f"mv {R2E_RUNNER} /root/run_tests.sh && mv {R2E_TESTS} /root/r2e_tests && "
+            "ln -s /root/r2e_tests /testbed/r2e_tests"
+        )
+        done = await sandbox.exec(ExecRequest(command=setup, timeout=60))
+        if done.exit_code != 0:
+            evidence = ran(done, "moving R2E-Gym's tests", fmt, setup)
+            raise DidNotRun(f"the image holds no R2E-Gym tests: {tail(done.output)}", evidence)
+    how = await apply_patch(sandbox, patch)
+    if how is None:  # the agent's doing: unresolved, as every harness counts it
+        evidence = Evidence(grader=fmt, notes=["the agent's patch does not apply"])
+        evidence.output = truncate(patch)
+        components = {"resolved": False, "patch_applied": False}
+        return Grade(reward=0.0, components=components, evidence=evidence, seconds=0.0)
+    if fmt == "r2e-gym":
+        graded = await _grade_r2e(sandbox, instance)
+    elif fmt == "swe-smith":
+        graded = await _grade_smith(sandbox, instance)
+    else:
+        graded = await _grade_swebench(sandbox, instance)
+    graded.evidence.notes.insert(0, f"agent's patch: {how or 'empty'}")
+    components = {**graded.components, "patch_applied": True}
+    return graded.model_copy(
+        update={"components": components, "seconds": time.monotonic() - started}
+    )
+
+
+async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
+    """The harness's eval script; its log parsed and graded by the swebench package."""
+    from swebench.harness.grading import get_logs_eval
+
+    spec = eval_spec(instance)
+    await sandbox.write_file(EVAL_SCRIPT, spec.eval_script.encode())
+    command = f"/bin/bash {EVAL_SCRIPT}"
+    result = await sandbox.exec(ExecRequest(command=command, timeout=TEST_TIMEOUT_S))
+    evidence = ran(result, "the eval script", "swe-bench", command)
+    with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as log:
+        log.write(result.output)
+        log.flush()
+        status_map, found = get_logs_eval(spec, log.name)
+    if not found:
+        evidence.tests = {t: "MISSING" for t in spec.FAIL_TO_PASS + spec.PASS_TO_PASS}
+        raise DidNotRun(
+            f"the eval script's log (exit {result.exit_code}) holds no gradable test results "
+            f"({spec.log_parser})",
+            evidence,
+        )
+    graded = resolution(spec.FAIL_TO_PASS, spec.PASS_TO_PASS, status_map, evidence, spec.eval_type)
+    if "MISSING" in evidence.tests.values():  # tests that never ran: were they uncollectable?
+        check_collected(result.output, evidence)
+    return graded
+
+
+def _statuses(
+    report: dict[str, dict[str, list[str]]], status_map: dict[str, str]
+) -> dict[str, str]:
+    """Each listed test's status as the parser read it (MISSING: not in the log)."""
+    statuses: dict[str, str] = {}
+    for outcome in report.values():
+        for key, verdict in (("success", "PASSED"), ("failure", "FAILED")):
+            for test in outcome.get(key, []):
+                statuses[test] = status_map.get(test, verdict if key == "success" else "MISSING")
+    return statuses
+
+
+async def _grade_smith(sandbox: Sandbox, instance: Instance) -> Grade:
+    """SWE-smith: the listed tests' files restored, the profile's verbose pytest on them."""
+    files = files_of_tests(instance)
+    restore = f"git checkout HEAD -- {' '.join(shlex.quote(f) for f in files)}" if files else "true"
+    command = str(instance.fields.get("test_cmd") or SWE_SMITH_TEST_CMD)
+    script = "\n".join(
+        [
+            CONDA.strip(),
+            f"cd {WORKDIR}",
+            restore,
+            f": '{START}'",
+            " ".join([command, *map(shlex.quote, files)]),
+            f": '{END}'",
+        ]
+    )
+    await sandbox.write_file(EVAL_SCRIPT, script.encode())
+    run = f"/bin/bash {EVAL_SCRIPT}"
+    result = await sandbox.exec(ExecRequest(command=run, timeout=TEST_TIMEOUT_S))
+    evidence = ran(result, "the tests", "swe-smith", command)
+    between = result.output.split(START, 1)[-1].split(END, 1)[0]
+    status_map = {}
+    for line in between.splitlines():
+        match = _SMITH_LINE.match(line)
+        if match:
+            status_map[match.group(1)] = match.group(2)
+    f2p, p2p = listed_tests("FAIL_TO_PASS", instance), listed_tests("PASS_TO_PASS", instance)
+    if not status_map:
+        evidence.tests = {t: "MISSING" for t in f2p + p2p}
+        raise DidNotRun(f"the tests (exit {result.exit_code}) reported no results", evidence)
+    return resolution(f2p, p2p, status_map, evidence)
+
+
+def resolution(
+    f2p: list[str],
+    p2p: list[str],
+    status_map: dict[str, str],
+    evidence: Evidence,
+    eval_type: str = "pass_and_fail",
+) -> Grade:
+    """The harness's verdict on parsed statuses: resolved (1.0) when every FAIL_TO_PASS and
+    PASS_TO_PASS test passed, by swebench's rules (truncated ids, skips, missing tests)."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    wanted = {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p}
+    report = get_eval_tests_report(status_map, wanted, eval_type=EvalType(eval_type))
+    resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
+    evidence.tests = _statuses(report, status_map)
+    components = {
+        "resolved": resolved,
+        "fail_to_pass": f"{len(report[FAIL_TO_PASS]['success'])}/{len(f2p)}",
+        "pass_to_pass": f"{len(report[PASS_TO_PASS]['success'])}/{len(p2p)}",
+    }
+    return Grade(
+        reward=1.0 if resolved else 0.0, components=components, evidence=evidence, seconds=0.0
+    )
+
+
+async def _grade_r2e(sandbox: Sandbox, instance: Instance) -> Grade:
+    """R2E-Gym: run_tests.sh; reward 1.0 when the parsed statuses equal the expected ones."""
+    command = "cd /testbed && bash /root/run_tests.sh"
+    path = "PATH=/root/.venv/bin:/root/.local/bin:/testbed/.venv/bin:$PATH; "
+    result = await sandbox.exec(ExecRequest(command=path + command, timeout=300))
+    evidence = ran(result, "run_tests.sh", "r2e-gym", command)
+    parsed = parse_r2e_log(result.output)
+    expected = {
+        k.split(" - ")[0]: v for k, v in json.loads(instance.fields["expected_output_json"]).items()
+    }
+    evidence.tests = parsed
+    if not parsed:
+        raise DidNotRun(f"run_tests.sh (exit {result.exit_code}) reported no results", evidence)
+    matched = len(parsed) == len(expected) and all(parsed.get(k) == v for k, v in expected.items())
+    differ = sorted(k for k in expected.keys() | parsed.keys() if parsed.get(k) != expected.get(k))
+    if differ:
+        evidence.notes.append(
+            f"{len(differ)} tests differ from expected_output_json: {differ[:10]}"
+        )
+    components = {"resolved": matched, "tests_expected": len(expected), "tests_differ": len(differ)}
+    return Grade(
+        reward=1.0 if matched else 0.0, components=components, evidence=evidence, seconds=0.0
+    )
+
+
+def parse_r2e_log(log: str) -> dict[str, str]:
+    """R2E-Gym's parse: after `short test summary info`, `Class.test` (no file) -> status."""
+    text = _ANSI.sub("", log).replace("\r", "")
+    if "short test summary info" not in text:
+        return {}
+    statuses: dict[str, str] = {}
+    for line in text.split("short test summary info", 1)[1].splitlines():
+        for status in ("PASSED", "FAILED", "ERROR"):
+            if status in line:
+                key = ".".join(line.split("::")[1:]).split(" - ")[0].strip()
+                if key:
+                    statuses[key] = status
+                break
+    return statuses

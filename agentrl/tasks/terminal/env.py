@@ -1,0 +1,116 @@
+"""TerminalEnv: a Terminal-Bench or Harbor folder's runtime. The harness's own image if
+present, the image's working directory where the task names none, the offline test
+runtime at EVAL, the reference solution copied in and run as the harness runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.env import TaskEnv, put_path
+from agentrl.tasks.graders import DidNotRun, Grade, tail
+from agentrl.tasks.spec import Instance, Task
+from agentrl.tasks.terminal import offline
+from agentrl.tasks.terminal.load import (
+    WORKDIR_OF_IMAGE,
+    detect_format,
+    oracle_script,
+    prebuilt_image,
+    solution_commands,
+)
+
+TB_ORACLE = "/oracle/solution.sh"
+HARBOR_SOLUTION_DIR = "/solution"
+
+
+class TerminalEnv(TaskEnv):
+    """A Terminal-Bench or Harbor folder's runtime: the harness's own image if present, the
+    offline test runtime at EVAL, the reference solution run as the harness runs it."""
+
+    _image_workdir: str | None = None
+
+    async def _resolve_image(self) -> str:
+        prebuilt = prebuilt_image(Path(self.task.path))
+        if (
+            self.task.spec.sandbox.recipe
+            and prebuilt
+            and self.provider.name == "docker"
+            and await asyncio.to_thread(_present, prebuilt)
+        ):
+            return prebuilt
+        return await super()._resolve_image()
+
+    async def spec(self, instance: Instance, name: str) -> SandboxSpec:
+        """The task's sandbox; where the task names no working directory, the image's
+        (as the harness's terminal starts there)."""
+        spec = await super().spec(instance, name)
+        if self.task.spec.sandbox.workdir != WORKDIR_OF_IMAGE or self.provider.name != "docker":
+            return spec
+        if self._image_workdir is None:
+            self._image_workdir = await asyncio.to_thread(_working_dir, spec.image)
+        return spec.model_copy(update={"workdir": self._image_workdir})
+
+    async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
+        offline_only = needs.uses_bootstrap and self.eval_network() is None
+        brought = await offline.install(sandbox, needs) if offline_only else []
+        try:
+            graded = await super().grade(sandbox, instance)
+        except DidNotRun as failed:
+            failed.evidence.substitutions = brought + await offline.substitutions(sandbox)
+            if any(offline.NO_PYTHON in line for line in brought):
+                failed.fix = (
+                    "the tests need a Python the sandbox does not have and none could be "
+                    "brought: build the image with it, or grade where uv can download one"
+                )
+            raise
+        graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
+        return graded
+
+    async def run_oracle(self, sandbox: Sandbox, instance: Instance) -> str:
+        done = await run_oracle(self.task, sandbox)
+        if done.exit_code != 0:
+            how = "timed out" if done.timed_out else f"exited {done.exit_code}"
+            raise SandboxError(f"the reference solution {how}: {tail(done.output)}")
+        return done.output
+
+
+def _working_dir(image: str) -> str:
+    client = docker_client()
+    try:
+        return str(client.images.get(image).attrs["Config"].get("WorkingDir") or "/")
+    finally:
+        client.close()
+
+
+def verifier_scripts(folder: Path) -> list[str]:
+    """The shell scripts a task's tests run: run-tests.sh and every .sh under tests/."""
+    paths = [folder / "run-tests.sh", *sorted((folder / "tests").rglob("*.sh"))]
+    return [p.read_text(errors="replace") for p in paths if p.is_file()]
+
+
+def _present(image: str) -> bool:
+    client = docker_client()
+    try:
+        return bool(client.images.list(name=image))
+    finally:
+        client.close()
+
+
+async def run_oracle(task: Task, sandbox: Sandbox, timeout: float = 600.0) -> ExecResult:
+    """Copy the reference solution in as each harness does, and run it in the workdir."""
+    root, script = Path(task.path), oracle_script(task.path)
+    if detect_format(root) == "harbor":
+        await put_path(sandbox, script.parent, HARBOR_SOLUTION_DIR)
+        command = f"bash {HARBOR_SOLUTION_DIR}/{script.name}"
+    elif script.suffix == ".yaml":
+        await sandbox.write_file(TB_ORACLE, solution_commands(script).encode(), mode=0o755)
+        command = f"bash {TB_ORACLE}"
+    else:
+        await put_path(sandbox, script, TB_ORACLE)
+        command = f"bash {TB_ORACLE}"
+    return await sandbox.exec(ExecRequest(command=command, timeout=timeout))

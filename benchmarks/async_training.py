@@ -79,6 +79,7 @@ from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.inference.tinker import TinkerSampler
 from agentrl.tasks.load import load_task
+from agentrl.train import Trainer
 from agentrl.train_config import (
     AsyncSchedule,
     CheckpointConfig,
@@ -86,7 +87,6 @@ from agentrl.train_config import (
     SyncSchedule,
     TrainConfig,
 )
-from agentrl.trainer import Trainer
 
 RESULTS = Path(__file__).parent / "results"
 LATENCY = LatencyModel(base_s=0.0025, per_request_s=0.0000325)

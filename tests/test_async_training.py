@@ -13,28 +13,33 @@ episode's reward and duration. The simulated sampler publishes as a server pause
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agentrl.async_schedule import Admission, BudgetError, Group, GroupBuffer
 from agentrl.backends.fsdp import FSDPConfig
 from agentrl.dispatch.base import PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.tasks.load import load_task
+from agentrl.train import Trainer
+from agentrl.train.admission import Admission, BudgetError, Group, GroupBuffer
 from agentrl.train_config import AsyncSchedule, CheckpointConfig, EvalConfig, TrainConfig
-from agentrl.trainer import Trainer
 from agentrl.trajectory import TrajectoryStore
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TASK = Path(__file__).parent / "data" / "async" / "task.yaml"
 WIN = "```bash\ntouch ok\n```"
@@ -186,6 +191,12 @@ def test_the_buffer_keeps_the_budget_under_random_timings(
 # --- whole runs -------------------------------------------------------------------------
 
 
+@functools.cache
+def tokenizer() -> PreTrainedTokenizerBase:
+    """The embedded tokenizer, loaded once for every run of this module."""
+    return load_tokenizer()
+
+
 def outcome_by_sample(session: str) -> bool:
     """Default policy: even samples win, odd lose (every group has a reward spread)."""
     return int(session.rsplit("_", 1)[1]) % 2 == 0
@@ -205,18 +216,24 @@ def train(
     crash_after: int | None = None,
     hold: Callable[[str], Awaitable[None]] | None = None,
     box: list[SimulatedSampler] | None = None,
+    checkpoint_every: int = 0,
+    mid_reply: bool = False,
     **schedule: Any,
 ) -> tuple[dict[str, Any], SimulatedSampler]:
     """One async run of the probe task; returns (summary, the sampler it used).
 
     `crash_after`: publications that succeed before one raises. `hold(session)` runs
     before each request is sampled (to hold an episode back). `box` receives the sampler.
+    `checkpoint_every`: 0 saves only after the last step (what resume needs is tested
+    with 1). `mid_reply`: each publication after the first waits (up to 2 s) until a
+    reply has been decoding for 0.2 s, so it lands mid-reply even where a loaded machine
+    makes the training step outlast every reply.
     """
 
     def script(session: str) -> Script:
         return Script(replies=[WIN if wins(session) else LOSE], tokens=[tokens(session)])
 
-    sampler = SimulatedSampler(script, load_tokenizer(), LatencyModel(base_s=0.002))
+    sampler = SimulatedSampler(script, tokenizer(), LatencyModel(base_s=0.002))
     if box is not None:
         box.append(sampler)
     if crash_after is not None:
@@ -236,6 +253,28 @@ def train(
             return await generate(prompt_ids, params, session_id)
 
         sampler.generate = held  # type: ignore[method-assign]
+    if mid_reply:
+        starts: list[float] = []  # when each reply in flight began
+        decode, publish_now = sampler.generate, sampler.update_weights
+
+        async def timed(prompt_ids: list[int], params: Any, session_id: str | None = None) -> Any:
+            start = time.monotonic()
+            starts.append(start)
+            try:
+                return await decode(prompt_ids, params, session_id)
+            finally:
+                starts.remove(start)
+
+        def publish_mid_reply(state: Any, version: int) -> None:
+            deadline = time.monotonic() + 2.0
+            while sampler.publishes and time.monotonic() < deadline:
+                if any(time.monotonic() - s > 0.2 for s in list(starts)):
+                    break
+                time.sleep(0.005)
+            publish_now(state, version)
+
+        sampler.generate = timed  # type: ignore[method-assign]
+        sampler.update_weights = publish_mid_reply  # type: ignore[method-assign]
     config = TrainConfig(
         name="async-probe",
         tasks=[str(TASK)],
@@ -251,7 +290,7 @@ def train(
         ),
         dispatcher=PipelineConfig(concurrency=32),
         eval=EvalConfig(holdout_every=4, samples=1),
-        checkpoint=CheckpointConfig(every=1, keep=1),
+        checkpoint=CheckpointConfig(every=checkpoint_every, keep=1),
         provider="local",
     )
     trainer = Trainer(config, [load_task(TASK)], out, show_progress=False, sampler=sampler)
@@ -305,7 +344,7 @@ def test_a_group_that_outlives_the_budget_is_trained_with_a_warning(
             while sampler_box[0].publishes < 4:  # the start's publication + 3 steps
                 await asyncio.sleep(0.01)
 
-    with caplog.at_level(logging.WARNING, logger="agentrl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="agentrl.train"):
         train(tmp_path, tiny_dir, steps=5, groups=1, staleness=1, hold=held_back, box=sampler_box)
     train_rows = rows(tmp_path)
     assert len(train_rows) == 5
@@ -402,7 +441,16 @@ def test_resume_after_a_crash_mid_epoch_skips_exactly_the_consumed_prompts(
         return session.split("_")[0] not in losers and outcome_by_sample(session)
 
     with pytest.raises(RuntimeError, match="injected crash"):
-        train(tmp_path, tiny_dir, steps=6, groups=2, staleness=1, wins=wins, crash_after=4)
+        train(
+            tmp_path,
+            tiny_dir,
+            steps=6,
+            groups=2,
+            staleness=1,
+            wins=wins,
+            crash_after=4,
+            checkpoint_every=1,
+        )
     before = rows(tmp_path)
     assert [r["step"] for r in before] == [1, 2, 3]
     meta = (tmp_path / "checkpoints" / "step-000003" / "meta.json").read_text()
@@ -410,7 +458,16 @@ def test_resume_after_a_crash_mid_epoch_skips_exactly_the_consumed_prompts(
     used = set(ckpt["trained_prompts"]) | set(ckpt["filtered_prompts"])
     assert set(ckpt["trained_prompts"]) == {p for r in before for p in r["prompts"]}
 
-    train(tmp_path, tiny_dir, steps=6, groups=2, staleness=1, wins=wins, resume=True)
+    train(
+        tmp_path,
+        tiny_dir,
+        steps=6,
+        groups=2,
+        staleness=1,
+        wins=wins,
+        resume=True,
+        checkpoint_every=1,
+    )
     after = rows(tmp_path)
     assert [r["step"] for r in after] == [1, 2, 3, 4, 5, 6]
     assert after[:3] == before  # the lines of steps 1-3 were kept as they were
@@ -432,7 +489,7 @@ def test_with_staleness_replies_span_publications_and_each_token_keeps_its_versi
 ) -> None:
     """S = 2 and long replies: publications land mid-reply (pause keep); the ledger then
     shows two versions in one reply, never one newer than the consuming step's."""
-    train(tmp_path, tiny_dir, steps=5, groups=1, staleness=2, tokens=lambda s: 300)
+    train(tmp_path, tiny_dir, steps=5, groups=1, staleness=2, tokens=lambda s: 300, mid_reply=True)
     train_rows = rows(tmp_path)
     first = train_rows[0]["policy_version"] - 1
     trained = [

@@ -388,7 +388,7 @@ def _train(config: Any, out: Path, *, resume: bool = False) -> dict[str, Any]:
     import asyncio
 
     from agentrl.tasks.load import load_task
-    from agentrl.trainer import Trainer
+    from agentrl.train import Trainer
 
     trainer = Trainer(config, [load_task(TASK)], out, show_progress=False)
     return asyncio.run(trainer.run(resume=resume))

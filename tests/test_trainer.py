@@ -1,10 +1,13 @@
-"""The sync trainer: data order, config errors, and whole runs on the real model in Docker.
+"""The sync trainer: data order, config errors, and whole runs of `agentrl train`.
 
-The end-to-end tests train the embedded SmolLM2 on a 4-instance task (tests/data/train)
-for 2 steps: a run writes metrics, trajectories, checkpoints, a summary and a reward
-plot; the first step's learner logprobs equal the sampler's; a run killed with SIGKILL
-while it writes a checkpoint resumes from the last complete one and trains on exactly
-the prompts an uninterrupted run trains on.
+Whole runs train on a 4-instance task (tests/data/train) whose training rewards are coin
+flips, so every step has a gradient. One run is the real path end to end: the embedded
+SmolLM2 in Docker sandboxes, 2 steps; a run writes metrics, trajectories, checkpoints, a
+summary and a reward plot, and each step's learner logprobs equal the sampler's. What
+depends on neither the model nor Docker runs on the tiny model in `local` sandboxes: a
+run killed with SIGKILL while it writes a checkpoint resumes from the last complete one
+and trains on exactly the prompts an uninterrupted run trains on; torchrun ranks mirror
+rank 0.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from typing import Any
 
 import pytest
 
+from agentrl.backends.checkpoint import PAUSE_ENV
 from agentrl.errors import ConfigError
-from agentrl.runner import load_any_task
+from agentrl.tasks.formats import load_any
 from agentrl.tasks.load import load_task
+from agentrl.train import Trainer
+from agentrl.train.data import data_order, run_temperature, split
+from agentrl.train.records import mean_interval
 from agentrl.train_config import load_train_config
-from agentrl.trainer import Trainer, _temperature, data_order, mean_interval, split
 from agentrl.trajectory import TrajectoryStore
 from agentrl.yamlfile import ConfigFileError
 
@@ -58,7 +64,7 @@ def test_mean_interval() -> None:
 def test_the_shipped_example_config_is_valid() -> None:
     config = load_train_config(EXAMPLE)
     assert config.schedule.n_samples_per_prompt >= 2 and config.backend.type == "fsdp"
-    tasks = [load_any_task(EXAMPLE.parent / t) for t in config.tasks]
+    tasks = [load_any(EXAMPLE.parent / t) for t in config.tasks]
     train, held = split(tasks, config.eval.holdout_every)
     assert len(train) == 54 and len(held) == 18
 
@@ -90,8 +96,8 @@ def test_the_learner_must_be_able_to_reproduce_the_sampling_distribution() -> No
         update={"sampling": task.spec.sampling.model_copy(update={"top_p": 0.9})}
     )
     with pytest.raises(ConfigError, match="top_p"):
-        _temperature([task.model_copy(update={"spec": truncated})])
-    assert _temperature([task]) == 0.7
+        run_temperature([task.model_copy(update={"spec": truncated})])
+    assert run_temperature([task]) == 0.7
 
 
 def test_cli_train_reports_a_bad_config_in_one_line_per_problem() -> None:
@@ -106,18 +112,11 @@ def test_cli_train_reports_a_bad_config_in_one_line_per_problem() -> None:
     assert "bad_train.yaml:11: algorithm.los: unknown key 'los'" in proc.stderr
 
 
-def _train(out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _train(
+    config: Path, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentrl.cli",
-            "train",
-            str(DATA / "train.yaml"),
-            "--out",
-            str(out),
-            *extra,
-        ],
+        [sys.executable, "-m", "agentrl.cli", "train", str(config), "--out", str(out), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -129,57 +128,89 @@ def _rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-@pytest.mark.docker
-@pytest.mark.model
-def test_a_run_killed_while_checkpointing_resumes_with_the_identical_data_order(
-    tmp_path: Path,
-) -> None:
-    out = tmp_path / "run"
-    # Kill -9 while step 2's checkpoint is being written (each file write pauses 3 s).
-    proc = _train(out, "--steps", "2", env={"AGENTRL_FAULT_CHECKPOINT_PAUSE_S": "3"})
-    root = out / "checkpoints"
-    deadline = time.monotonic() + 900
-    while not list(root.glob("step-000002.tmp-*")):
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert [p.name for p in root.iterdir() if ".tmp" not in p.name] == ["step-000001"]
+@pytest.fixture
+def tiny_config(tmp_path: Path, tiny_dir: Path) -> Path:
+    """tests/data/train with the tiny model in `local` sandboxes (files in the workdir):
+    resume order, checkpoint atomicity and rank mirroring depend on neither SmolLM2 nor
+    Docker. The tiny model never writes a bash block, so each reward is the coin flip."""
+    folder = tmp_path / "config"
+    folder.mkdir()
+    task = (DATA / "task.yaml").read_text().replace("/workspace/{name}", "{name}")
+    (folder / "task.yaml").write_text(task)
+    config = (DATA / "train.yaml").read_text() + f"model: {tiny_dir}\nprovider: local\n"
+    (folder / "train.yaml").write_text(config)
+    return folder / "train.yaml"
 
-    proc = _train(out, "--steps", "2", "--resume")
-    output = proc.communicate(timeout=900)[0]
-    assert proc.returncode == 0, output[-3000:]
+
+def _check_a_whole_run(out: Path, config: Path, steps: int) -> list[dict[str, Any]]:
+    """What every finished sync run of tests/data/train shows; returns its train rows."""
     rows = _rows(out)
     train = [r for r in rows if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2]  # nothing repeated, nothing skipped
-    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))  # none repeated or skipped
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, steps]
     # The prompts an uninterrupted run takes: the data order is a function of seed and step.
-    config, task = load_train_config(DATA / "train.yaml"), load_task(DATA / "task.yaml")
-    prompts, _ = split([task], config.eval.holdout_every)
-    n = config.schedule.prompts_per_step
-    expected = [prompts[i].id for i in data_order(len(prompts), config.seed, 0, 2 * n)]
+    cfg, task = load_train_config(config), load_task(config.parent / "task.yaml")
+    prompts, _ = split([task], cfg.eval.holdout_every)
+    n = cfg.schedule.prompts_per_step
+    expected = [prompts[i].id for i in data_order(len(prompts), cfg.seed, 0, steps * n)]
     assert [p for r in train for p in r["prompts"]] == expected
     # Sync and on-policy: each step's learner scores what the same weights sampled, so its
     # logprobs equal the sampler's (the proof that no token was re-tokenized).
     trained = [r for r in train if "logprob_mismatch" in r]
     assert trained and all(r["logprob_mismatch"] < 1e-3 for r in trained)
     trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
-    assert len(trajs) == 2 * 2 * 4 and len({t.trajectory_id for t in trajs}) == 16
-    assert sorted({(t.scheduled_step, t.consumed_step) for t in trajs}) == [(0, 0), (1, 1)]
+    assert len(trajs) == steps * 2 * 4 and len({t.trajectory_id for t in trajs}) == steps * 8
+    assert sorted({(t.scheduled_step, t.consumed_step) for t in trajs}) == [
+        (s, s) for s in range(steps)
+    ]
     assert (out / "reward.png").stat().st_size > 0
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))  # dev installs it
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["eval_before"]["episodes"] == 2  # 1 held out x 2
+    assert summary["steps"] == steps and summary["eval_before"]["episodes"] == 2  # 1 held x 2
+    return train
+
+
+@pytest.mark.e2e
+@pytest.mark.docker
+@pytest.mark.model
+def test_smollm2_trains_on_what_it_sampled_in_docker(tmp_path: Path) -> None:
+    """The real path end to end: `agentrl train` with the embedded SmolLM2 sampling in
+    Docker sandboxes, two steps trained, published and evaluated, every file written."""
+    out = tmp_path / "run"
+    proc = _train(DATA / "train.yaml", out, "--steps", "2")
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    _check_a_whole_run(out, DATA / "train.yaml", steps=2)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"]  # keep: 1
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_checkpointing_resumes_with_the_identical_data_order(
+    tmp_path: Path, tiny_config: Path
+) -> None:
+    out = tmp_path / "run"
+    # Kill -9 while step 2's checkpoint is being written (each file write pauses 0.3 s).
+    proc = _train(tiny_config, out, "--steps", "2", env={PAUSE_ENV: "0.3"})
+    root = out / "checkpoints"
+    deadline = time.monotonic() + 600
+    while not list(root.glob("step-000002.tmp-*")):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert [p.name for p in root.iterdir() if ".tmp" not in p.name] == ["step-000001"]
+
+    proc = _train(tiny_config, out, "--steps", "2", "--resume")
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, output[-3000:]
+    _check_a_whole_run(out, tiny_config, steps=2)
     assert [p.name for p in root.iterdir()] == ["step-000002"]  # keep: 1, no torn folder
 
 
-@pytest.mark.docker
-@pytest.mark.model
 def test_an_existing_run_is_not_overwritten_by_accident(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    proc = _train(tmp_path)
+    proc = _train(DATA / "train.yaml", tmp_path)
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0 and "--resume" in output and "Traceback" not in output
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
@@ -213,12 +244,15 @@ def test_agentrl_validate_checks_train_configs() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.docker
-@pytest.mark.model
-def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Path) -> None:
+def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(
+    tmp_path: Path, tiny_config: Path
+) -> None:
     """Two gloo ranks on this CPU (a GPU node runs the same code with nccl): rank 0 runs
     the rollouts and broadcasts each backend call; the step's loss and gradient norm must
-    equal what one rank computes on the very trajectories rank 0 recorded."""
+    equal what one rank computes on the very trajectories rank 0 recorded. (8 samples a
+    prompt: the step has a reward spread to train on but once in 16,384 runs.)"""
+    text = tiny_config.read_text().replace("n_samples_per_prompt: 4", "n_samples_per_prompt: 8")
+    tiny_config.write_text(text)
     import socket
 
     from agentrl.algorithms import compute_advantages
@@ -232,7 +266,7 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Pat
         [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "-m", "agentrl.cli", "train", str(DATA / "train.yaml"), "--steps", "1",
+            "-m", "agentrl.cli", "train", str(tiny_config), "--steps", "1",
             "--out", str(out),
         ],
         capture_output=True, text=True, timeout=900, check=False,
@@ -246,13 +280,13 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Pat
     (ckpt,) = (out / "checkpoints").iterdir()
     assert {p.name for p in ckpt.glob("rng-rank*.pt")} == {"rng-rank0.pt", "rng-rank1.pt"}
 
-    config = load_train_config(DATA / "train.yaml")
+    config = load_train_config(tiny_config)
     trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
     samples = samples_from(trajs, compute_advantages(trajs, config.algorithm.advantage))
-    task = load_task(DATA / "task.yaml")
+    task = load_task(tiny_config.parent / "task.yaml")
     one = config.backend.model_copy(
-        update={"temperature": _temperature([task]), "seed": config.seed}
-    ).build()
+        update={"temperature": run_temperature([task]), "seed": config.seed}
+    ).build(config.model)
     try:
         got = one.forward_backward(samples, config.algorithm.loss)
         got.update(one.optim_step())
@@ -260,7 +294,7 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(tmp_path: Pat
         one.close()
     assert got["loss"] == pytest.approx(row["loss"], rel=1e-4, abs=1e-6)
     assert got["grad_norm"] == pytest.approx(row["grad_norm"], rel=1e-3)
-    assert got["sequences"] == row["sequences"] == 8
+    assert got["sequences"] == row["sequences"] == 16
 
 
 def test_a_model_folder_without_a_tokenizer_is_one_clear_error(tmp_path: Path) -> None:

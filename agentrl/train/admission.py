@@ -1,5 +1,5 @@
 """The fully-async schedule's bookkeeping: admission under a staleness budget, the buffer
-of finished groups, the epoch boundary, and the sampler's idle time.
+of finished groups, and the epoch boundary.
 
 With B groups per mini-batch and S = `max_staleness_steps`, at trainer step s (1-based;
 `step` below counts the steps done, so s = step + 1) a group is admitted only while
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentrl.inference.base import Completion, Sampler, SamplingParams
     from agentrl.trajectory import Trajectory
 
 
@@ -236,39 +235,3 @@ class GroupBuffer:
             self.admission.advance()
             self._record()
             self._changed.notify_all()
-
-
-class MeteredSampler:
-    """A sampler that counts the seconds no request was in it (idle), for the metrics."""
-
-    def __init__(self, inner: Sampler) -> None:
-        self.inner = inner
-        self.in_flight = 0
-        self._idle_s = 0.0
-        self._idle_since: float | None = time.monotonic()
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def idle_s(self) -> float:
-        """Idle seconds so far (the current idle stretch included)."""
-        current = 0.0 if self._idle_since is None else time.monotonic() - self._idle_since
-        return self._idle_s + current
-
-    async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
-    ) -> Completion:
-        if self._idle_since is not None:
-            self._idle_s += time.monotonic() - self._idle_since
-            self._idle_since = None
-        self.in_flight += 1
-        try:
-            return await self.inner.generate(prompt_ids, params, session_id=session_id)
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle_since = time.monotonic()
-
-    async def close(self) -> None:
-        await self.inner.close()

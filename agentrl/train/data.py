@@ -1,0 +1,88 @@
+"""What a run trains on: the prompts (train and held out), their order, their temperature.
+
+Each instance of each task is a prompt; every `eval.holdout_every`-th one is held out.
+The training prompts are taken epoch after epoch, each epoch a permutation seeded by
+(seed, epoch), so the order is a function of the seed and the position alone: a resumed
+run takes exactly the prompts an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentrl.tasks.spec import Instance, Task
+
+
+@dataclass(frozen=True)
+class Prompt:
+    task: int  # index into the config's tasks
+    instance: Instance
+
+    @property
+    def id(self) -> str:
+        return f"{self.task}:{self.instance.id}"
+
+
+def split(tasks: Sequence[Task], holdout_every: int) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval): every `holdout_every`-th instance of each task (from the first) is eval."""
+    train: list[Prompt] = []
+    held: list[Prompt] = []
+    for t, task in enumerate(tasks):
+        for i, inst in enumerate(task.instances):
+            (held if i % holdout_every == 0 else train).append(Prompt(t, inst))
+    return train, held
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The prompts of one epoch: a permutation of range(n) seeded by (seed, epoch)."""
+    perm = list(range(n))
+    random.Random(f"{seed}/{epoch}").shuffle(perm)
+    return perm
+
+
+def data_order(n: int, seed: int, start: int, count: int) -> list[int]:
+    """Indices of the prompts at positions [start, start + count) of the run's stream:
+    epoch after epoch, each a permutation seeded by (seed, epoch)."""
+    out = []
+    for pos in range(start, start + count):
+        epoch, k = divmod(pos, n)
+        out.append(epoch_order(n, seed, epoch)[k])
+    return out
+
+
+def at_temperature(task: Task, temperature: float | None) -> Task:
+    """`task` sampling at `temperature` (the train config's override), or as it is."""
+    if temperature is None:
+        return task
+    sampling = task.spec.sampling.model_copy(update={"temperature": temperature})
+    return task.model_copy(update={"spec": task.spec.model_copy(update={"sampling": sampling})})
+
+
+def run_temperature(tasks: Sequence[Task]) -> float:
+    """The one sampling temperature of the run; the learner divides its logits by it."""
+    temps = {t.spec.sampling.temperature for t in tasks}
+    if len(temps) != 1:
+        raise ConfigError(
+            f"the tasks sample at different temperatures {sorted(temps)}",
+            fix="give every task of a train config the same sampling.temperature",
+        )
+    for t in tasks:
+        if t.spec.sampling.top_p < 1.0:
+            raise ConfigError(
+                f"task {t.spec.name}: sampling.top_p {t.spec.sampling.top_p} < 1: the learner "
+                "cannot reproduce the logprobs of a truncated distribution",
+                fix="set sampling.top_p: 1.0 in tasks you train on",
+            )
+    temp = temps.pop()
+    if temp <= 0:
+        raise ConfigError(
+            "sampling.temperature 0 (greedy) has no logprobs to learn from",
+            fix="train with a temperature > 0 (e.g. 0.7 or 1.0)",
+        )
+    return temp

@@ -1,0 +1,151 @@
+"""The run's loop: resume or start fresh, then the schedule's steps with evaluation and
+checkpoints on their cadence, then the summary and the plots.
+
+Held-out instances are evaluated before the first step, every `eval.every` steps and
+after the last one. A checkpoint records how many metric lines and trajectories were
+written when it was taken; a resumed run drops those written after, so the files read
+as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+import time
+from contextlib import aclosing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl.runner import write_atomic
+from agentrl.train.asynchronous import async_steps
+from agentrl.train.plots import plot_async, plot_reward, tensorboard
+from agentrl.train.records import EvalRecord, Summary, batch_metrics
+from agentrl.train.sync import sync_steps
+from agentrl.train_config import AsyncSchedule
+from agentrl.trajectory import TrajectoryStore
+
+if TYPE_CHECKING:
+    from agentrl.train.run import TrainRun
+
+log = logging.getLogger(__name__)
+
+# What a fresh start removes from its folder (a resumed run truncates instead).
+RUN_FILES = (
+    "metrics.jsonl",
+    "trajectories.jsonl",
+    "summary.json",
+    "reward.png",
+    "admission.jsonl",
+    "async.png",
+)
+RUN_FOLDERS = ("checkpoints", "eval", "tensorboard")
+
+
+def checkpoints(out: Path) -> Path:
+    """Where a run in `out` keeps its checkpoints (`step-N`, atomic)."""
+    return out / "checkpoints"
+
+
+def progress_bars(show: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.fields[name]}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        disable=not show,
+    )
+
+
+async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
+    """Train `run` to `schedule.steps`; returns the summary it wrote."""
+    cfg, sched = run.config, run.config.schedule
+    resumed = await _resume_or_start(run, resume)
+    await run.learner.call(run.backend.publish, run.sampler)  # it samples the learner's weights
+    board = run.metrics.board = tensorboard(run.out / "tensorboard")
+    start = int(resumed.get("step", 0))
+    started = time.monotonic()
+    try:
+        with run.progress:
+            bar = run.progress.add_task("", total=sched.steps, completed=start, name="train")
+            if start == 0:
+                await evaluate(run, 0)
+            if isinstance(sched, AsyncSchedule):
+                steps = async_steps(run, sched, resumed)
+            else:
+                steps = sync_steps(run, start)
+            async with aclosing(steps) as records:
+                async for record, extra in records:
+                    loss = (record.model_extra or {}).get("loss", 0)
+                    description = f"reward {record.reward_mean:.2f}  loss {loss:.3f}"
+                    run.progress.update(bar, advance=1, description=description)
+                    done = record.step
+                    if (cfg.eval.every and done % cfg.eval.every == 0) or done == sched.steps:
+                        await evaluate(run, done)
+                    if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or (
+                        done == sched.steps
+                    ):
+                        await run.learner.call(checkpoint, run, done, extra)
+    finally:
+        if board is not None:
+            board.close()
+    metrics = run.out / "metrics.jsonl"
+    summary = Summary.of(metrics, cfg.name, sched.type, time.monotonic() - started)
+    write_atomic(run.out / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
+    plot_reward(metrics, run.out / "reward.png", cfg.name)
+    if isinstance(sched, AsyncSchedule):
+        plot_async(run.out, cfg.name, sched.max_staleness_steps)
+    return summary
+
+
+async def evaluate(run: TrainRun, step: int) -> EvalRecord:
+    """`eval.samples` episodes of each held-out instance with the weights after `step`."""
+    episodes = run.make_episodes(run.held, run.config.eval.samples, run.sampler)
+    t0 = time.monotonic()
+    trajs = await run.rollout(episodes, f"eval after step {step}")
+    (run.out / "eval").mkdir(exist_ok=True)
+    store = TrajectoryStore(run.out / "eval" / f"step-{step:06d}.jsonl")
+    for t in trajs:
+        store.append(t)
+    scores = batch_metrics(trajs).model_dump()
+    record = EvalRecord(step=step, **scores, eval_s=round(time.monotonic() - t0, 2))
+    run.metrics.write(record)
+    return record
+
+
+def checkpoint(run: TrainRun, done: int, extra: dict[str, Any]) -> None:
+    """Save the backend after `done` steps with what a resume needs (on the learner
+    thread); keep the newest `checkpoint.keep`."""
+    root = checkpoints(run.out)
+    # What was written up to now: a resume drops what comes after.
+    written = {"metrics_lines": run.metrics.lines, "trajectories": run.stored}
+    meta = {"step": done, "seed": run.config.seed, **written, **extra}
+    path = run.backend.save_checkpoint(root, meta, step=done)
+    log.info("checkpoint %s", path)
+    complete = sorted(p for p in root.glob("step-*") if ".tmp" not in p.name)
+    for old in complete[: -run.config.checkpoint.keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+async def _resume_or_start(run: TrainRun, resume: bool) -> dict[str, Any]:
+    """The newest checkpoint's extra, the files cut back to it; or {} and a clean folder."""
+    if resume and (path := latest_checkpoint(checkpoints(run.out))) is not None:
+        resumed: dict[str, Any] = await run.learner.call(run.backend.load_checkpoint, path)
+        run.metrics.truncate(resumed["metrics_lines"])
+        run.stored = resumed["trajectories"]
+        trajs = run.out / "trajectories.jsonl"
+        if trajs.exists():
+            kept = list(itertools.islice(TrajectoryStore(trajs), run.stored))
+            write_atomic(trajs, "".join(t.to_json() + "\n" for t in kept))
+        log.info("resumed from %s at step %d", path, resumed["step"])
+        return resumed
+    for name in RUN_FILES:
+        (run.out / name).unlink(missing_ok=True)
+    for folder in RUN_FOLDERS:
+        shutil.rmtree(run.out / folder, ignore_errors=True)
+    return {}

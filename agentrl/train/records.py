@@ -1,0 +1,240 @@
+"""What a run records: typed step, eval and epoch rows in metrics.jsonl, and the summary.
+
+Each row is a pydantic model written as one JSON line (`model_dump`, fields left None
+omitted) and read back with `model_validate`, its `kind` choosing the model; the JSON
+keys are flat, so the file stays grep-able and `jq`-able.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from agentrl.runner import write_atomic
+
+if TYPE_CHECKING:
+    from agentrl.train.plots import Board
+    from agentrl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def resident_mb() -> float:
+    """This process's resident memory now, in MiB (peak where /proc is missing)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% normal interval (0 with fewer than 2 values)."""
+    if not values:
+        return float("nan"), 0.0
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+
+
+class BatchMetrics(BaseModel):
+    """What a batch of episodes scored (a train step's or an evaluation's)."""
+
+    episodes: int
+    reward_mean: float = Field(description="over graded episodes (nan: none)")
+    reward_ci95: float = Field(description="half-width of the mean's 95% interval")
+    reward_std: float
+    pass_rate: float = Field(description="share of graded episodes with reward >= 1")
+    infra_failures: int = Field(description="episodes not graded, never trained on")
+    infra_error: str | None = Field(default=None, description="the first infra failure's")
+    infra_fix: str | None = None
+    stop_reasons: dict[str, int]
+    sampled_tokens: int
+    total_tokens: int
+
+
+def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
+    rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
+    infra = [t for t in trajs if not t.trainable]
+    mean, half = mean_interval(rewards)
+    return BatchMetrics(
+        episodes=len(trajs),
+        reward_mean=mean,
+        reward_ci95=half,
+        reward_std=statistics.pstdev(rewards) if rewards else float("nan"),
+        pass_rate=sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
+        infra_failures=len(infra),
+        infra_error=infra[0].error if infra else None,
+        infra_fix=infra[0].fix if infra else None,
+        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        sampled_tokens=sum(t.num_sampled for t in trajs),
+        total_tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs),
+    )
+
+
+class EvalRecord(BatchMetrics):
+    """The held-out instances evaluated after `step` steps."""
+
+    kind: Literal["eval"] = "eval"
+    step: int
+    eval_s: float = Field(description="seconds the evaluation took")
+    rss_mb: float = Field(default_factory=resident_mb, description="this process's memory, MiB")
+
+
+class TrainRecord(BatchMetrics):
+    """One trainer step (`step` counts from 1). Beside these fields: the backend's
+    train_step metrics (loss, grad_norm, lr, logprob_mismatch, ...), flat."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["train"] = "train"
+    step: int
+    prompts: list[str] = Field(description="prompt ids, `<task>:<instance>`")
+    zero_variance_groups: int
+    policy_version: int = Field(description="the sampler's version after the step")
+    skipped: float | str | None = Field(
+        default=None, description="why no update was made (or the backend's 0.0 / 1.0)"
+    )
+    train_s: float
+    publish_s: float
+    replicas: list[dict[str, Any]] | None = Field(
+        default=None, description="the router's view: which replica serves which version"
+    )
+    rollout_s: float | None = Field(default=None, description="sync: the batch's rollout")
+    wait_s: float = Field(description="seconds the trainer waited for the batch")
+    trainer_idle_frac: float
+    sampler_idle_frac: float
+    step_s: float
+    # async only
+    epoch: int | None = None
+    lag: dict[str, int] | None = Field(default=None, description="groups by consumed - scheduled")
+    lag_max: int | None = None
+    stale_groups: int | None = Field(default=None, description="groups with lag > S")
+    tokens_by_age: dict[str, int] | None = Field(
+        default=None, description="sampled tokens by (last published - sampling) version"
+    )
+    submitted: int | None = None
+    accepted: int | None = None
+    filtered: int | None = None
+    running: int | None = None
+    buffered: int | None = None
+    rss_mb: float = Field(default_factory=resident_mb, description="this process's memory, MiB")
+
+
+class EpochEndRecord(BaseModel):
+    """async: an epoch's end; its partial batch (fewer than B groups) is not trained."""
+
+    kind: Literal["epoch_end"] = "epoch_end"
+    step: int
+    epoch: int
+    trained_prompts: int
+    filtered_prompts: int
+    partial_batch: list[str]
+    rss_mb: float = Field(default_factory=resident_mb, description="this process's memory, MiB")
+
+
+Record = Annotated[TrainRecord | EvalRecord | EpochEndRecord, Field(discriminator="kind")]
+_RECORD: TypeAdapter[TrainRecord | EvalRecord | EpochEndRecord] = TypeAdapter(Record)
+
+
+def read_records(path: Path) -> list[TrainRecord | EvalRecord | EpochEndRecord]:
+    """The rows of a metrics.jsonl (json.loads: a nan reward is written as NaN)."""
+    lines = path.read_text().splitlines()
+    return [_RECORD.validate_python(json.loads(line)) for line in lines if line.strip()]
+
+
+class MetricsLog:
+    """metrics.jsonl, appended and fsynced a row at a time, and mirrored to TensorBoard.
+    `lines` counts the rows: a checkpoint records it, a resume truncates to it."""
+
+    def __init__(self, path: Path, board: Board | None = None) -> None:
+        self.path, self.board, self.lines = path, board, 0
+
+    def write(self, record: TrainRecord | EvalRecord | EpochEndRecord) -> None:
+        row = record.model_dump(exclude_none=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.lines += 1
+        log.info("%s", json.dumps({k: v for k, v in row.items() if k != "prompts"}))
+        if isinstance(record, BatchMetrics) and record.infra_failures:  # never trained on
+            log.warning(
+                "%s %s: %d infrastructure failures (not graded, not trained on); first: %s%s",
+                record.kind,
+                record.step,
+                record.infra_failures,
+                record.infra_error,
+                f"; fix: {record.infra_fix}" if record.infra_fix else "",
+            )
+        if self.board is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.board.add_scalar(f"{record.kind}/{key}", value, record.step)
+            self.board.flush()
+
+    def truncate(self, lines: int) -> None:
+        """Keep the first `lines` rows (those written before a checkpoint)."""
+        self.lines = lines
+        if self.path.exists():
+            kept = self.path.read_text().splitlines(keepends=True)[:lines]
+            write_atomic(self.path, "".join(kept))
+
+
+class EvalView(BaseModel):
+    """An evaluation as the summary shows it."""
+
+    step: int
+    reward_mean: float
+    reward_ci95: float
+    pass_rate: float
+    episodes: int
+
+
+class Summary(BaseModel):
+    """summary.json: the held-out reward before and after, the train reward, the time."""
+
+    name: str
+    schedule: str
+    steps: int
+    eval_before: EvalView | None
+    eval_after: EvalView | None
+    eval_episodes: int
+    train_reward_first: float | None
+    train_reward_last: float | None
+    seconds: float
+
+    @classmethod
+    def of(cls, path: Path, name: str, schedule: str, seconds: float) -> Summary:
+        """The summary of the metrics.jsonl at `path`."""
+        records = read_records(path)
+        evals = [r for r in records if isinstance(r, EvalRecord)]
+        train = [r for r in records if isinstance(r, TrainRecord)]
+        view = {"step", "reward_mean", "reward_ci95", "pass_rate", "episodes"}
+
+        def shown(r: EvalRecord) -> EvalView:
+            return EvalView.model_validate(r.model_dump(include=view))
+
+        return cls(
+            name=name,
+            schedule=schedule,
+            steps=len(train),
+            eval_before=shown(evals[0]) if evals else None,
+            eval_after=shown(evals[-1]) if evals else None,
+            eval_episodes=evals[-1].episodes if evals else 0,
+            train_reward_first=train[0].reward_mean if train else None,
+            train_reward_last=train[-1].reward_mean if train else None,
+            seconds=round(seconds, 1),
+        )

@@ -1,0 +1,140 @@
+"""One run as the loop and both schedules share it, and what every step does whichever
+the schedule: build episodes, roll them out through the dispatcher, store what comes
+back, train on it and publish the new weights on the learner thread."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agentrl.agent import Episode
+from agentrl.algorithms import compute_advantages, group_stats
+from agentrl.backends.base import samples_from
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.backends.base import TrainerBackend
+    from agentrl.inference.base import Sampler
+    from agentrl.tasks.env import EpisodeEnv
+    from agentrl.tasks.spec import Task
+    from agentrl.train.data import Prompt
+    from agentrl.train.records import MetricsLog
+    from agentrl.train.sampler import TrainSampler
+    from agentrl.train_config import TrainConfig
+    from agentrl.trajectory import Trajectory, TrajectoryStore
+
+T = TypeVar("T")
+
+
+class Learner:
+    """The one thread that owns the backend: it is built, stepped, published, checkpointed
+    and closed there, off the event loop, while generation and tools go on."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+@dataclass
+class TrainRun:
+    """What rank 0 has once everything is started: the config, the data, the backend and
+    sampler, the sandboxes, and the files the run writes."""
+
+    config: TrainConfig
+    out: Path
+    tasks: Sequence[Task]
+    train: Sequence[Prompt]
+    held: Sequence[Prompt]
+    learner: Learner
+    backend: TrainerBackend
+    sampler: TrainSampler
+    tokenizer: PreTrainedTokenizerBase
+    envs: Sequence[EpisodeEnv]
+    metrics: MetricsLog
+    store: TrajectoryStore
+    progress: Progress
+    stored: int = 0  # trajectories written (a checkpoint records it)
+
+    def make_episodes(
+        self,
+        prompts: Sequence[Prompt],
+        samples: int,
+        sampler: Sampler,
+        *,
+        first_sample: int = 0,
+        scheduled_step: int = 0,
+    ) -> list[Episode]:
+        """`samples` episodes of each prompt (a group), numbered from `first_sample`: a
+        trajectory id is `<instance>_<sample>`, so numbering from the step's or the group's
+        offset keeps ids unique across the run."""
+        return [
+            Episode(
+                self.tasks[p.task],
+                p.instance,
+                first_sample + k,
+                sampler,
+                self.tokenizer,
+                self.envs[p.task],
+                scheduled_step=scheduled_step,
+                snapshots=self.config.snapshots,
+            )
+            for p in prompts
+            for k in range(samples)
+        ]
+
+    async def rollout(self, episodes: list[Episode], what: str) -> list[Trajectory]:
+        """Every episode through a fresh dispatcher, in the order they finish."""
+        dispatcher = self.config.dispatcher.build()
+        bar = self.progress.add_task(what, total=len(episodes), name="episodes")
+        out: list[Trajectory] = []
+        try:
+            async with aclosing(dispatcher.run(episodes)) as stream:
+                async for traj in stream:
+                    out.append(traj)
+                    self.progress.update(bar, advance=1)
+        finally:
+            self.progress.remove_task(bar)
+        return out
+
+    def keep(self, trajectory: Trajectory) -> None:
+        """Append to trajectories.jsonl."""
+        self.store.append(trajectory)
+        self.stored += 1
+
+    async def learn(self, trajs: list[Trajectory]) -> dict[str, Any]:
+        """Advantages, one optimizer step over `trajs` and the publication, on the learner
+        thread; returns the step's fields of its TrainRecord."""
+        cfg, backend, sampler = self.config, self.backend, self.sampler
+        advantages = compute_advantages(trajs, cfg.algorithm.advantage)
+        samples = samples_from(trajs, advantages)
+        row: dict[str, Any] = {"zero_variance_groups": group_stats(trajs).zero_variance_groups}
+        supervised = cfg.algorithm.loss.type == "cross_entropy"  # advantages unused
+        t1 = time.monotonic()
+        if samples and (supervised or any(s.advantage != 0.0 for s in samples)):
+            row.update(await self.learner.call(backend.train_step, samples, cfg.algorithm.loss))
+            t2 = time.monotonic()
+            row["policy_version"] = await self.learner.call(backend.publish, sampler)
+        else:  # every group tied: no gradient, nothing to publish; the prompts are consumed
+            row["skipped"] = "no group had a reward spread" if samples else "no trainable episode"
+            t2 = time.monotonic()
+            row["policy_version"] = sampler.policy_version
+        t3 = time.monotonic()
+        row.update(train_s=round(t2 - t1, 2), publish_s=round(t3 - t2, 2))
+        from agentrl.inference.router import Router
+
+        if isinstance(sampler, Router):  # which replica serves which version
+            row["replicas"] = sampler.status()
+        return row

@@ -1,6 +1,6 @@
 """`agentrl run`: every instance of a task, N samples each, trajectories to JSONL plus a summary.
 
-Episodes run through a dispatcher chosen by name (default `pipeline`), stream into
+Episodes run through the configured dispatcher (default: pipeline, 4 slots), stream into
 `trajectories.jsonl` as they finish and are summarised in `summary.json`: reward mean
 and spread, stop reasons, tool calls and tool errors, timings.
 """
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentrl.agent import Episode, conversation
-from agentrl.dispatch import make_dispatcher
+from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
@@ -148,50 +148,6 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
     )
 
 
-def make_policy(spec: str, tokenizer: PreTrainedTokenizerBase) -> Sampler:
-    """`local` (the embedded model), `scripted:FILE`, `openai:URL` (a vLLM-compatible
-    server; `http://host:port` or `.../v1`, e.g. what `agentrl serve` prints), or
-    `router:URL,URL,...` (several, sessions sticky to one)."""
-    kind, _, arg = spec.partition(":")
-    if kind == "local":
-        from agentrl.inference.local import LocalSampler
-
-        return LocalSampler.embedded()
-    if kind == "scripted" and arg:
-        from agentrl.inference.scripted import ScriptedSampler, load_script
-
-        return ScriptedSampler(load_script(arg), tokenizer)
-    if kind == "openai" and arg:
-        from agentrl.inference.openai import OpenAISampler
-
-        return OpenAISampler(arg)
-    if kind == "router" and arg:
-        from agentrl.inference.router import Router
-
-        return Router([u for u in arg.split(",") if u.strip()])
-    raise ConfigError(
-        f"unknown policy {spec!r}",
-        fix="use --policy local, --policy scripted:FILE, --policy openai:http://HOST:PORT or "
-        "--policy router:http://HOST:PORT,http://HOST:PORT",
-    )
-
-
-def load_any_task(path: str | Path) -> Task:
-    """A YAML task file, a Terminal-Bench / Harbor task folder, or SWE-bench rows (.json/.jsonl)."""
-    path = Path(path)
-    if path.is_dir():
-        from agentrl.tasks.terminal import load_terminal_task
-
-        return load_terminal_task(path)
-    if path.suffix in (".json", ".jsonl"):
-        from agentrl.tasks.swe_bench import load_swe_bench
-
-        return load_swe_bench(path)
-    from agentrl.tasks.load import load_task
-
-    return load_task(path)
-
-
 async def run_task(
     task: Task,
     sampler: Sampler,
@@ -200,8 +156,7 @@ async def run_task(
     out_dir: Path,
     *,
     samples: int = 1,
-    concurrency: int = 4,
-    dispatcher: str = "pipeline",
+    dispatcher: DispatchConfig | None = None,
     show_progress: bool = True,
     snapshots: SnapshotPolicy | None = None,
 ) -> RunSummary:
@@ -228,7 +183,7 @@ async def run_task(
         disable=not show_progress,
     ) as progress:
         bar = progress.add_task("", total=len(episodes))
-        stream = make_dispatcher(dispatcher, concurrency=concurrency).run(episodes)
+        stream = (dispatcher or PipelineConfig(concurrency=4)).build().run(episodes)
         async with aclosing(stream):
             async for traj in stream:
                 store.append(traj)

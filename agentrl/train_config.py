@@ -8,6 +8,7 @@ trained on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from agentrl.backends.config import FSDPConfig, TinkerConfig
 from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
+from agentrl.inference.config import LocalSamplerConfig, RouterConfig
 from agentrl.tasks.spec import SnapshotPolicy
 
 if TYPE_CHECKING:
@@ -91,40 +93,6 @@ class EvalConfig(_Model):
     samples: int = Field(default=4, ge=1, description="episodes per held-out instance")
 
 
-class ServersConfig(_Model):
-    """Sample on vLLM-compatible servers behind the router instead of in-process."""
-
-    urls: list[str] = Field(
-        min_length=1, description="server base URLs (http://host:port), e.g. agentrl serve"
-    )
-    pause: Literal["abort", "wait", "keep"] = Field(
-        default="abort",
-        description="what in-flight requests do while weights are published (keep: only "
-        "with servers that report each token's version, such as agentrl serve)",
-    )
-    transfer: Literal["checkpoint", "gloo", "nccl"] = Field(
-        default="checkpoint",
-        description="checkpoint: a safetensors folder every server reloads (shared disk); "
-        "gloo: vLLM's weight-transfer protocol over gloo (agentrl serve); nccl: the same "
-        "with vLLM on GPUs",
-    )
-    request_timeout: float = Field(default=600.0, gt=0, description="seconds per completion")
-    control_timeout: float = Field(
-        default=300.0,
-        gt=0,
-        description="seconds a server may take for a control call (pause, a weight "
-        "transfer) before it is quarantined and the run goes on without it",
-    )
-    clear_kv_cache: bool = Field(
-        default=False, description="reset every server's prefix cache after each publication"
-    )
-    cache_salt: bool = Field(
-        default=True,
-        description="salt prefix caches by weights version (vLLM cache_salt): no request "
-        "reuses KV blocks that older weights computed",
-    )
-
-
 class CheckpointConfig(_Model):
     every: int = Field(default=0, ge=0, description="save every k steps (0: only at the end)")
     keep: int = Field(default=2, ge=1, description="complete checkpoints kept (newest)")
@@ -142,8 +110,10 @@ class TrainConfig(_Model):
     dispatcher: DispatchConfig = Field(default_factory=PipelineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    servers: ServersConfig | None = Field(
-        default=None, description="sampling servers (default: the in-process sampler)"
+    servers: RouterConfig | None = Field(
+        default=None,
+        description="sample on these vLLM-compatible servers behind the router (the same "
+        "config as --policy router:URL,...); default: the model in-process",
     )
     provider: Literal["docker", "local"] = "docker"
     cluster: ClusterConfig | None = Field(
@@ -190,6 +160,20 @@ class TrainConfig(_Model):
                 "clients; remove servers (or use backend type fsdp)"
             )
         return self
+
+    def local_sampler(self) -> LocalSamplerConfig:
+        """The model in this process (or in each sampler actor); under the async schedule a
+        publication decodes running replies on under the new weights (`keep`)."""
+        keep = self.schedule.type == "async"
+        return LocalSamplerConfig(model=self.model, publish_pause="keep" if keep else None)
+
+    def sampler_config(self, replicas: Sequence[str] = ()) -> LocalSamplerConfig | RouterConfig:
+        """What the fsdp backend trains through (tinker samples on its service): the router
+        over `servers.urls` plus `replicas` (sampler actors' URLs), else the local model."""
+        if self.servers is None and not replicas:
+            return self.local_sampler()
+        urls = [*(self.servers.urls if self.servers else []), *replicas]
+        return (self.servers or RouterConfig(urls=urls)).model_copy(update={"urls": urls})
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

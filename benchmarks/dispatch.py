@@ -60,9 +60,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
 
 from agentrl.agent import Episode
-from agentrl.dispatch import make_dispatcher
+from agentrl.dispatch import DispatchConfig
 from agentrl.dispatch.metrics import DispatchMetrics
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
@@ -176,7 +177,7 @@ async def one(
     env = TaskEnv(task, provider, run_id)
     sampler = SimulatedSampler(scripts(plans), tokenizer, LATENCY)
     episodes = [Episode(task, inst, 0, sampler, tokenizer, env) for inst in task.instances]
-    dispatcher = make_dispatcher(kind, **options)
+    dispatcher = TypeAdapter(DispatchConfig).validate_python({"type": kind, **options}).build()
     bad = 0
     try:
         async with aclosing(dispatcher.run(episodes)) as stream:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from agentrl.agent import Episode  # noqa: E402
 from agentrl.cluster import connect, disconnect, local  # noqa: E402
 from agentrl.cluster.sandboxes import RemoteTaskEnv, SandboxFleet  # noqa: E402
-from agentrl.dispatch import make_dispatcher  # noqa: E402
+from agentrl.dispatch import PipelineConfig  # noqa: E402
 from agentrl.inference.embedded import load_tokenizer  # noqa: E402
 from agentrl.inference.scripted import ScriptedSampler  # noqa: E402
 from agentrl.sandbox.docker import DockerProvider, remove_run  # noqa: E402
@@ -97,7 +97,7 @@ async def rollout(env: EpisodeEnv, task: Task, tokenizer: Any, command: str, n: 
     episodes = [
         Episode(task, probe_instance(f"e{tag}{k}"), 0, sampler, tokenizer, env) for k in range(n)
     ]
-    dispatcher = make_dispatcher("pipeline", concurrency=2 * PER_NODE, max_sandboxes=2 * PER_NODE)
+    dispatcher = PipelineConfig(concurrency=2 * PER_NODE, max_sandboxes=2 * PER_NODE).build()
     start = time.monotonic()
     async with aclosing(dispatcher.run(episodes)) as stream:
         trajs = [t async for t in stream]

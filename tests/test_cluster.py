@@ -28,7 +28,7 @@ import pytest
 
 from agentrl.agent import Episode
 from agentrl.cluster import local
-from agentrl.dispatch import make_dispatcher
+from agentrl.dispatch import PipelineConfig
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.docker import DockerProvider
@@ -121,7 +121,7 @@ def rollout(
 ) -> list[Trajectory]:
     sampler = ScriptedSampler(load_script(DISPATCH / "sleeper.yaml"), tokenizer)
     episodes = [Episode(task, inst, 0, sampler, tokenizer, env) for inst in instances]
-    dispatcher = make_dispatcher("pipeline", **options)
+    dispatcher = PipelineConfig(**options).build()
 
     async def main() -> list[Trajectory]:
         async with aclosing(dispatcher.run(episodes)) as stream:
@@ -295,8 +295,8 @@ def test_a_training_step_with_sandboxes_samplers_and_a_trainer_rank_on_the_clust
     recorded trajectories) and both replicas confirm the published version."""
     from agentrl.algorithms import compute_advantages
     from agentrl.backends.base import samples_from
+    from agentrl.train.data import run_temperature
     from agentrl.train_config import load_train_config
-    from agentrl.trainer import _temperature
 
     config = tmp_path / "train.yaml"
     config.write_text(
@@ -331,7 +331,7 @@ def test_a_training_step_with_sandboxes_samplers_and_a_trainer_rank_on_the_clust
 
     cfg = load_train_config(config)
     samples = samples_from(trajs, compute_advantages(trajs, cfg.algorithm.advantage))
-    temperature = _temperature([load_task(TRAIN / "task.yaml")])
+    temperature = run_temperature([load_task(TRAIN / "task.yaml")])
     one = cfg.backend.model_copy(update={"temperature": temperature, "seed": cfg.seed})
     backend = one.build(str(tiny_dir))
     try:
@@ -371,7 +371,7 @@ def test_without_a_cluster_section_ray_is_never_imported(tmp_path: Path) -> None
     code = (
         "import sys\n"
         "from agentrl.train_config import load_train_config\n"
-        "import agentrl.trainer, agentrl.cli\n"
+        "import agentrl.train, agentrl.cli\n"
         f"load_train_config({str(TRAIN / 'train.yaml')!r})\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )

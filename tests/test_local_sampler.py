@@ -455,7 +455,7 @@ def test_an_update_waits_for_running_rows_and_newcomers_wait_for_it(
         running = asyncio.create_task(sampler.generate(prompts[0], SamplingParams(max_tokens=20)))
         await _until(lambda: sampler.stats.active == 1)
         update = asyncio.create_task(asyncio.to_thread(sampler.update_weights, state, new))
-        await _until(lambda: sampler._updates_waiting == 1)
+        await _until(lambda: sampler._engine._updates_waiting == 1)
         late = await sampler.generate(prompts[2], SamplingParams(max_tokens=2))
         assert running.done() and update.done(), "the newcomer ran before the update"
         return await running, late

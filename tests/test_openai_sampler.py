@@ -27,11 +27,11 @@ from transformers import PreTrainedTokenizerBase
 
 from agentrl.errors import SamplerError
 from agentrl.inference.base import Completion, SamplingParams
+from agentrl.inference.config import parse_policy
 from agentrl.inference.embedded import EMBEDDED_NAME, load_tokenizer
 from agentrl.inference.local import LocalSampler
 from agentrl.inference.openai import OpenAISampler, normalize_base_url
 from agentrl.inference.serve import serve
-from agentrl.runner import make_policy
 from agentrl.trajectory import TrajectoryStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -495,11 +495,11 @@ def test_dead_port_is_retried_then_names_the_url() -> None:
     assert sampler.stats.retries == 2 and sampler.stats.failures == 1
 
 
-def test_urls_are_normalised_and_make_policy_builds_the_sampler() -> None:
+def test_urls_are_normalised_and_parse_policy_builds_the_sampler() -> None:
     for given in ("http://127.0.0.1:8000", "http://127.0.0.1:8000/", "127.0.0.1:8000/v1/"):
         assert normalize_base_url(given) == "http://127.0.0.1:8000/v1"
     assert normalize_base_url("http://h:1/v1/completions") == "http://h:1/v1"
-    policy = make_policy("openai:http://127.0.0.1:8000", tokenizer=None)  # type: ignore[arg-type]
+    policy = parse_policy("openai:http://127.0.0.1:8000").build()
     assert isinstance(policy, OpenAISampler) and policy.base_url == "http://127.0.0.1:8000/v1"
     asyncio.run(policy.close())
 

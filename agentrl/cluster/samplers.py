@@ -18,6 +18,7 @@ from agentrl.errors import first_line
 
 if TYPE_CHECKING:
     from agentrl.cluster.config import SamplerReplicas
+    from agentrl.inference.config import LocalSamplerConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +26,15 @@ log = logging.getLogger(__name__)
 class SamplerReplica:
     """Ray actor: one in-process sampler served at this node's address."""
 
-    def __init__(self, model: str, publish_pause: str | None) -> None:
+    def __init__(self, local: LocalSamplerConfig) -> None:
         import ray
 
-        from agentrl.inference.local import LocalSampler, model_tokenizer
+        from agentrl.inference.local import model_tokenizer
         from agentrl.inference.serve import serve
 
-        self.sampler = LocalSampler.for_model(model)
-        if publish_pause is not None:
-            self.sampler.publish_pause = publish_pause  # type: ignore[assignment]
+        self.sampler = local.build()
         host = ray.util.get_node_ip_address()
-        self.server, self._url = serve(self.sampler, model_tokenizer(model), host=host)
+        self.server, self._url = serve(self.sampler, model_tokenizer(local.model), host=host)
 
     def url(self) -> str:
         return self._url.removesuffix("/v1")
@@ -47,8 +46,9 @@ class SamplerReplica:
 class SamplerFleet:
     """The replicas of one run: started together, their URLs handed to the router."""
 
-    def __init__(self, config: SamplerReplicas, model: str, publish_pause: str | None) -> None:
-        self.config, self.model, self.publish_pause = config, model, publish_pause
+    def __init__(self, config: SamplerReplicas, local: LocalSamplerConfig) -> None:
+        """`local`: the sampler each replica builds on its node (config crosses to Ray)."""
+        self.config, self.local = config, local
         self.actors: list[Any] = []
 
     async def start(self, timeout: float = 600.0) -> list[str]:
@@ -59,7 +59,7 @@ class SamplerFleet:
         remote = ray.remote(SamplerReplica).options(  # type: ignore[attr-defined]
             num_gpus=cfg.num_gpus, num_cpus=cfg.num_cpus, resources=cfg.resources or None
         )
-        self.actors = [remote.remote(self.model, self.publish_pause) for _ in range(cfg.replicas)]
+        self.actors = [remote.remote(self.local) for _ in range(cfg.replicas)]
         try:
             urls: list[str] = await asyncio.wait_for(
                 asyncio.gather(*(a.url.remote() for a in self.actors)), timeout

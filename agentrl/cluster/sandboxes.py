@@ -20,30 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from agentrl.cluster.local import NODE_RESOURCE, ClusterError
+from agentrl.cluster.worker import SandboxInfo, SandboxWorker, WorkerStatus
 from agentrl.errors import SandboxError, first_line
 from agentrl.sandbox.base import (
     ExecRequest,
     ExecResult,
     Sandbox,
-    SandboxProvider,
     SandboxSpec,
     Sealed,
+    Shell,
 )
-from agentrl.tasks.env import TaskEnv, build_tools
+from agentrl.tasks.env import build_tools
 from agentrl.tasks.graders import Grade
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tools.base import Observation, Tool
-
-if TYPE_CHECKING:
-    from pexpect.spawnbase import SpawnBase
 
 log = logging.getLogger(__name__)
 
@@ -52,147 +46,6 @@ class SandboxLost(SandboxError):
     """The node (or worker process) holding a sandbox is gone."""
 
     default_fix = "the episode ends as sandbox_error; see `agentrl cluster status`"
-
-
-class SandboxInfo(BaseModel):
-    """A sandbox a worker started: what the driver keeps to address it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sandbox_id: str
-    spec: SandboxSpec
-    image: str
-
-
-class WorkerStatus(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    node: str
-    pid: int
-    live: int
-    reaped: int
-
-
-# -- the actor (runs on a sandbox node) ---------------------------------------------------
-
-
-class _NodeProvider:
-    """The node's DockerProvider, stamping the node's name on every sandbox it starts."""
-
-    def __init__(self, inner: SandboxProvider, node: str) -> None:
-        self.inner, self.node, self.name = inner, node, inner.name
-
-    async def start(self, spec: SandboxSpec) -> Sandbox:
-        return await self.inner.start(spec.model_copy(update={"node": self.node}))
-
-    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> Sandbox:
-        return await self.inner.restore(snapshot_id, spec.model_copy(update={"node": self.node}))
-
-    async def snapshot_bytes(self, snapshot_id: str) -> int:
-        return await self.inner.snapshot_bytes(snapshot_id)
-
-    async def remove_snapshot(self, snapshot_id: str) -> int:
-        return await self.inner.remove_snapshot(snapshot_id)
-
-
-@dataclass
-class _Held:
-    env: TaskEnv
-    sandbox: Sandbox
-    tools: dict[str, Tool] = field(default_factory=dict)
-
-
-class SandboxWorker:
-    """Ray actor (async): starts, drives, grades and closes the sandboxes of one node."""
-
-    def __init__(self, run_id: str, node: str) -> None:
-        from agentrl.sandbox.docker import DockerProvider, reap
-
-        self.run_id, self.node = run_id, node
-        docker = DockerProvider(reap_at_start=False)
-        # Containers whose owner died on this host: a previous incarnation of this node.
-        self.reaped = reap(docker.client)
-        self.provider = _NodeProvider(docker, node)
-        self._envs: dict[tuple[str, str], TaskEnv] = {}
-        self._held: dict[str, _Held] = {}
-
-    def status(self) -> WorkerStatus:
-        return WorkerStatus(
-            node=self.node, pid=os.getpid(), live=len(self._held), reaped=self.reaped
-        )
-
-    def _env(self, task: Task) -> TaskEnv:
-        from agentrl.runner import make_env
-
-        key = (str(task.path), task.hash)
-        if key not in self._envs:
-            self._envs[key] = make_env(task, self.provider, self.run_id)  # type: ignore[arg-type]
-        return self._envs[key]
-
-    def _take(self, sandbox_id: str) -> _Held:
-        held = self._held.get(sandbox_id)
-        if held is None:
-            raise SandboxError(f"sandbox {sandbox_id[:12]} is not open on node {self.node}")
-        return held
-
-    async def _hold(self, env: TaskEnv, sandbox: Sandbox) -> SandboxInfo:
-        self._held[sandbox.id] = _Held(env, sandbox, build_tools(env.task))
-        return SandboxInfo(sandbox_id=sandbox.id, spec=sandbox.spec, image=await env.image())
-
-    async def init(self, task: Task, instance: Instance, name: str) -> SandboxInfo:
-        env = self._env(task)
-        return await self._hold(env, await env.init(instance, name))
-
-    async def restore(
-        self, task: Task, instance: Instance, snapshot_id: str, name: str
-    ) -> SandboxInfo:
-        env = self._env(task)
-        return await self._hold(env, await env.restore(instance, snapshot_id, name))
-
-    async def tool(self, sandbox_id: str, name: str, arguments: dict[str, Any]) -> Observation:
-        held = self._take(sandbox_id)
-        return await held.tools[name](held.sandbox, **arguments)
-
-    async def exec(self, sandbox_id: str, request: ExecRequest) -> ExecResult:
-        return await self._take(sandbox_id).sandbox.exec(request)
-
-    async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        return await self._take(sandbox_id).sandbox.read_file(path)
-
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int) -> None:
-        await self._take(sandbox_id).sandbox.write_file(path, data, mode)
-
-    async def snapshot(self, sandbox_id: str, label: str) -> str:
-        return await self._take(sandbox_id).sandbox.snapshot(label)
-
-    async def seal(self, sandbox_id: str) -> Sealed:
-        return await self._take(sandbox_id).sandbox.seal()
-
-    async def connect_network(self, sandbox_id: str, name: str) -> None:
-        await self._take(sandbox_id).sandbox.connect_network(name)
-
-    async def evaluate(self, sandbox_id: str, instance: Instance) -> Grade:
-        held = self._take(sandbox_id)
-        return await held.env.evaluate(held.sandbox, instance)
-
-    async def close(self, sandbox_id: str) -> None:
-        held = self._held.pop(sandbox_id, None)
-        if held is not None:
-            from agentrl.agent import close_all
-
-            await close_all(held.tools, held.sandbox)
-
-    async def remove_snapshot(self, snapshot_id: str) -> int:
-        return await self.provider.remove_snapshot(snapshot_id)
-
-    async def shutdown(self) -> int:
-        """Close every sandbox still open here; returns how many there were."""
-        open_ids = list(self._held)
-        await asyncio.gather(*(self.close(i) for i in open_ids), return_exceptions=True)
-        return len(open_ids)
-
-
-# -- the driver's side --------------------------------------------------------------------
 
 
 class _Worker:
@@ -348,14 +201,11 @@ class RaySandbox:
         result: ExecResult = await self.worker.call("exec", self.id, request)
         return result
 
-    async def shell(self, argv: list[str]) -> SpawnBase:
+    async def shell(self, argv: list[str]) -> Shell:
         raise SandboxError(
             "a sandbox on a Ray node has no local pty; its tools run on the node",
             fix="call tools through RemoteTaskEnv.tools()",
         )
-
-    async def kill_shell(self, shell: SpawnBase) -> None:
-        return None
 
     async def read_file(self, path: str) -> bytes:
         data: bytes = await self.worker.call("read_file", self.id, path)
@@ -398,7 +248,7 @@ class RemoteTool:
     def __init__(self, tool: Tool) -> None:
         self.name, self.description, self.parameters = tool.name, tool.description, tool.parameters
 
-    async def __call__(self, sandbox: Sandbox, **arguments: Any) -> Observation:
+    async def __call__(self, sandbox: Sandbox, /, **arguments: Any) -> Observation:
         if not isinstance(sandbox, RaySandbox):
             raise SandboxError(f"tool {self.name}: a remote tool needs a sandbox on a Ray node")
         return await sandbox.call_tool(self.name, arguments)

@@ -1,0 +1,105 @@
+"""`agentrl train` and `agentrl validate`: a train config run, any file checked."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.table import Table
+
+from agentrl.cli.output import console, err_console, tag
+from agentrl.errors import AgentRLError, ConfigError
+
+
+def train(args: argparse.Namespace) -> int:
+    from agentrl.tasks.formats import load_any
+    from agentrl.train import Trainer
+    from agentrl.train_config import load_train_config
+    from agentrl.yamlfile import readable
+
+    config = load_train_config(args.config)
+    data = config.model_dump(exclude_unset=True)  # what the file says, and only that
+    if args.steps is not None:
+        data["schedule"]["steps"] = args.steps
+    if args.servers is not None:
+        urls = [u for u in args.servers.split(",") if u.strip()]
+        data["servers"] = {**(data.get("servers") or {}), "urls": urls}
+    if args.seed is not None:
+        data["seed"] = args.seed
+    try:  # the flags are validated like the file: --steps 0 is refused, not ignored
+        config = type(config).model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = {"schedule": "--steps", "servers": "--servers", "seed": "--seed"}
+        raise ConfigError(
+            f"{flag.get(str(err['loc'][0]), 'a flag')}: {readable(err)}",
+            fix="give a value the train config itself could hold",
+        ) from None
+    base = args.config.parent
+    tasks = [load_any(base / t) for t in config.tasks]
+    out = args.out or Path("runs") / config.name
+    if out.exists() and any(out.iterdir()) and not args.resume and not args.overwrite:
+        raise ConfigError(
+            f"{out} already holds a run",
+            fix="continue it with --resume, replace it with --overwrite, or pick --out DIR",
+        )
+    trainer = Trainer(config, tasks, out)
+    summary = asyncio.run(trainer.run(resume=args.resume))
+    if not summary:  # a torchrun rank other than 0: rank 0 reports
+        return 0
+    table = Table(title=f"agentrl train {config.name} -> {out}")
+    table.add_column("held-out")
+    table.add_column("step")
+    table.add_column("reward (95% CI)")
+    table.add_column("episodes")
+    for key in ("eval_before", "eval_after"):
+        row = summary.get(key)
+        if row:
+            reward = f"{row['reward_mean']:.3f} +- {row['reward_ci95']:.3f}"
+            table.add_row(key.removeprefix("eval_"), str(row["step"]), reward, str(row["episodes"]))
+    console.print(table)
+    console.print(f"metrics: {out / 'metrics.jsonl'}  reward curve: {out / 'reward.png'}")
+    return 0
+
+
+def validate(args: argparse.Namespace) -> int:
+    fixes = [fix for path in args.files if (fix := _validate_one(path)) is not None]
+    for fix in dict.fromkeys(fixes):
+        err_console.print(tag("fix:", "yellow", fix))
+    return 1 if fixes else 0
+
+
+def _validate_one(path: Path) -> str | None:
+    """Print what `path` is, or what is wrong with it; None if valid, else the fix."""
+    from agentrl.tasks.formats import kind_of, load_any
+    from agentrl.textfile import UnreadableFile
+    from agentrl.yamlfile import ConfigFileError
+
+    try:
+        kind = kind_of(path)  # a FIFO is refused here, before any reader opens it
+        if kind == "trajectories":
+            from agentrl.trajectory import TrajectoryStore
+
+            count = sum(1 for _ in TrajectoryStore(path).read())
+            console.print(f"{path}: {count} trajectories, all valid")
+        elif kind == "train-config":
+            from agentrl.train_config import load_train_config
+
+            console.print(f"{path}: ok (train config {load_train_config(path).name})")
+        else:
+            task = load_any(path)
+            what = "rows" if kind == "rows" else "task"
+            console.print(f"{path}: ok ({len(task.instances)} instances, {task.format} {what})")
+    except UnreadableFile as e:  # a FIFO, a folder, not UTF-8: before any parser
+        err_console.print(f"{e.path}:{e.line}: file: {e.reason}")
+        return e.fix
+    except ConfigFileError as e:  # TaskError included: each problem as file:line: field: ...
+        for problem in e.problems:
+            err_console.print(str(problem))
+        return e.fix or ConfigFileError.default_fix
+    except AgentRLError as e:
+        err_console.print(str(e))
+        return e.fix or "fix the file, then validate it again"
+    return None

@@ -1,17 +1,21 @@
 """The router and weight publication against real `agentrl serve` replicas.
 
-Two replicas run as separate processes on 127.0.0.1 (the embedded model each), shared
-by the tests of this module in order: stickiness, weights moved by checkpoint and by
-the collective protocol (gloo here, NCCL with vLLM on a GPU node), pause keep / abort /
-wait around a publication with requests in flight, a hung replica quarantined, a
-killed one failed over and, once restarted, kept out until it has the run's weights.
-Only the "vLLM without per-token versions" server is a stub: vLLM needs a GPU.
+Two replicas run as separate processes on 127.0.0.1, each `agentrl serve --model` over
+conftest's tiny random Llama (SmolLM2's vocabulary and tokenizer: nothing here depends
+on SmolLM2's weights), shared by the tests of this module in order: stickiness, weights
+moved by checkpoint and by the collective protocol (gloo here, NCCL with vLLM on a GPU
+node), pause keep / abort / wait around a publication with requests in flight, a hung
+replica quarantined, a killed one failed over and, once restarted, kept out until it
+has the run's weights. The end-to-end test (async training through two replicas, one
+of which fails) runs on two SmolLM2 replicas, the model the trainer publishes. Only the
+"vLLM without per-token versions" server is a stub: vLLM needs a GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -27,10 +31,11 @@ import httpx2
 import pytest
 import torch
 import yaml
+from transformers import LlamaForCausalLM
 
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.inference.base import Completion, SamplingParams
-from agentrl.inference.embedded import load_model, load_tokenizer
+from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.local import LocalSampler
 from agentrl.inference.router import Router
 
@@ -44,20 +49,24 @@ def _free_port() -> int:
 
 
 class Server:
-    """One `agentrl serve` process."""
+    """One `agentrl serve --model MODEL` process."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, model: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.model = model
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        command = ["serve", "--port", str(self.port), "--model", self.model]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrl.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "agentrl.cli", *command],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # Two replicas and this process share the machine: one thread each.
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
             )
 
     def wait_up(self, timeout: float = 120) -> None:
@@ -83,10 +92,8 @@ class Server:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    logs = tmp_path_factory.mktemp("serve-logs")
-    pair = [Server(logs / "a.log"), Server(logs / "b.log")]
+def _pair(logs: Path, model: str) -> Iterator[list[Server]]:
+    pair = [Server(logs / "a.log", model), Server(logs / "b.log", model)]
     try:
         for s in pair:
             s.start()
@@ -99,8 +106,25 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
 
 
 @pytest.fixture(scope="module")
-def weights() -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in load_model().state_dict().items()}
+def servers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """Two replicas of the tiny model."""
+    yield from _pair(tmp_path_factory.mktemp("serve-logs"), str(tiny_dir))
+
+
+@pytest.fixture(scope="module")
+def smollm2_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """Two replicas of the embedded SmolLM2 (the model `agentrl train` publishes)."""
+    yield from _pair(tmp_path_factory.mktemp("serve-logs-smollm2"), "embedded")
+
+
+def _tiny(tiny_dir: Path) -> LlamaForCausalLM:
+    model: LlamaForCausalLM = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_dir: Path) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in _tiny(tiny_dir).state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +148,18 @@ def _gather(router: Router, *requests: tuple[list[int], SamplingParams, str]) ->
 
 def _router(servers: list[Server], **kwargs: Any) -> Router:
     return Router([s.url for s in servers], **kwargs)
+
+
+async def _decoding(router: Router, n: int) -> None:
+    """Wait until `n` requests are in flight, then a little longer: they are decoding."""
+    while sum(r["inflight"] for r in router.status()) < n:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+
+
+# Tokens for a request that is still decoding when a publication or a kill meets it: the
+# tiny model decodes fast, and its 512 positions hold the prompt and this many.
+LONG = 400
 
 
 def test_every_turn_of_a_session_goes_to_one_replica_and_sessions_spread(
@@ -154,11 +190,12 @@ def test_a_publication_moves_the_weights_into_every_replica(
     weights: dict[str, torch.Tensor],
     transfer: str,
     tmp_path: Path,
+    tiny_dir: Path,
 ) -> None:
     changed = {k: v.clone() for k, v in weights.items()}
     noise = torch.randn(changed[_LAYER].shape, generator=torch.Generator().manual_seed(0))
     changed[_LAYER] += 0.05 * noise
-    model = load_model()
+    model = _tiny(tiny_dir)
     before = _sample(LocalSampler(model), prompt)
     model.load_state_dict(changed)
     expected = _sample(LocalSampler(model), prompt)
@@ -187,7 +224,7 @@ def test_a_publication_moves_the_weights_into_every_replica(
         router.close_sync()
 
 
-_LAYER = "model.layers.10.mlp.down_proj.weight"
+_LAYER = "model.layers.1.mlp.down_proj.weight"
 _SEEDED = SamplingParams(max_tokens=12, seed=7)
 
 
@@ -206,7 +243,7 @@ def test_a_publication_with_requests_in_flight_stamps_each_token_exactly(
     servers: list[Server], prompt: list[int], weights: dict[str, torch.Tensor], mode: str
 ) -> None:
     router = _router(servers, pause_mode=mode)
-    max_tokens = 48
+    max_tokens = LONG
     try:
         old = router.policy_version
         new = old + 1
@@ -218,7 +255,7 @@ def test_a_publication_with_requests_in_flight_stamps_each_token_exactly(
                 asyncio.create_task(router.generate(prompt, p, session_id=f"{mode}-{i}"))
                 for i, p in enumerate(params)
             ]
-            await asyncio.sleep(1.0)  # decoding on both replicas
+            await _decoding(router, 2)  # on both replicas
             await asyncio.to_thread(router.update_weights, weights, new)
             return await asyncio.gather(*tasks)
 
@@ -281,12 +318,12 @@ def test_a_killed_replica_fails_over_and_a_restarted_one_waits_for_the_weights(
         router.update_weights(weights, version)
 
         async def go() -> list[Completion]:
-            params = SamplingParams(max_tokens=48)
+            params = SamplingParams(max_tokens=LONG)
             tasks = [
                 asyncio.create_task(router.generate(prompt, params, session_id=f"k-{i}"))
                 for i in range(4)
             ]
-            await asyncio.sleep(1.0)
+            await _decoding(router, 4)
             assert victim.proc is not None
             victim.proc.kill()  # mid-generation
             return await asyncio.gather(*tasks)
@@ -361,16 +398,18 @@ def test_bad_router_input_fails_clearly() -> None:
         router.close_sync()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.docker
 def test_async_training_through_serve_replicas_survives_one_failing_the_sync(
-    servers: list[Server], tmp_path: Path
+    smollm2_servers: list[Server], tmp_path: Path
 ) -> None:
     """The trainer tests' task under the async schedule, sampling on both replicas. After
     the first step one replica stops answering (SIGSTOP): it misses the next publication,
     is quarantined, its in-flight requests fail over, and the run finishes on the other."""
     from agentrl.trajectory import TrajectoryStore
 
+    servers = smollm2_servers
     data = Path(__file__).parent / "data" / "train"
     config = yaml.safe_load((data / "train_async.yaml").read_text())
     config["tasks"] = [str(data / "task.yaml")]

@@ -1,9 +1,18 @@
 """The HTTP layer of agentrl's two servers (`agentrl serve`, `agentrl serve-tinker`).
 
-Standard library only: a ThreadingHTTPServer with a deep listen backlog, whose handler
-reads each request within a deadline (a client that trickles bytes lets go of its
-thread), bounds bodies, answers every error as one line of JSON, and logs a client that
-went away as one debug line instead of a traceback.
+An `App` is a table of routes: `(method, path)` -> a handler and the pydantic model its
+request is validated into (from the JSON body, or the query string). `App.answer`
+is the one request skeleton: find the route, run the app's `before` check, validate,
+call, and turn what went wrong into the app's error body: an `HTTPError` carries its
+status, any other `AgentRLError` is the client's (400), anything else is a bug (500,
+logged). Every error message is one line. A handler returns JSON-able data (200) or a
+`Response`.
+
+`Listener` serves an App from the standard library alone: a ThreadingHTTPServer with a
+deep listen backlog, HTTP/1.1 keep-alive, bodies by Content-Length only and at most
+`App.max_body_bytes`, each request whole within `read_timeout_s` of its first byte
+(else 408: a client that trickles bytes lets go of its thread), and a client that went
+away logged as one debug line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -14,29 +23,144 @@ import logging
 import select
 import socket
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import BaseModel, ValidationError
+
+from agentrl.errors import AgentRLError, ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 log = logging.getLogger(__name__)
 
+M = TypeVar("M", bound=BaseModel)
+
 MAX_BODY_BYTES = 16 << 20
 LISTEN_BACKLOG = 1024  # a burst of connections waits in the kernel instead of being dropped
 READ_TIMEOUT_S = 30.0  # a request must arrive whole within this of its first byte
 
 
-class HTTPError(Exception):
+class HTTPError(AgentRLError, ValueError):
     """An answer other than 200: its status and a one-line message."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request ran: nobody to answer."""
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query string or a trailing slash
+    query: dict[str, str]
+    headers: Message
+    body: bytes
+    client_gone: Callable[[], bool] = lambda: False  # polled by long-running handlers
+    params: dict[str, str] = field(default_factory=dict)  # the route's {name} segments
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str | None = "application/json"
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def json_response(
+    payload: object, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(status, json.dumps(payload).encode(), headers=headers or {})
+
+
+Handler = Callable[[Request, Any], object]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A handler, called with the request and its validated `model` (None: no model).
+
+    The model is read from the JSON body, or from the query string with `from_query`.
+    """
+
+    handler: Handler
+    model: type[BaseModel] | None = None
+    from_query: bool = False
+
+
+class App:
+    """Routes and how this server says an error; subclasses fill `routes`.
+
+    A route path may hold `{name}` segments (`/sessions/{id}/finish`); what they match
+    is `Request.params`.
+    """
+
+    name = "agentrl"  # the Server header
+    max_body_bytes = MAX_BODY_BYTES
+    idle_timeout_s = 60.0  # an idle keep-alive connection frees its thread after this long
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], Route] = {}
+
+    def error(self, status: int, message: str) -> Response:
+        """This server's error body; `message` is one line."""
+        return json_response({"error": message}, status)
+
+    def before(self, request: Request) -> None:
+        """A check every request passes before its route runs (raise HTTPError to refuse)."""
+
+    def answer(self, request: Request) -> Response:
+        """The one request skeleton (see the module doc); raises only ClientGone."""
+        try:
+            self.before(request)
+            route, params = self._resolve(request.method, request.path)
+            request = replace(request, params=params)
+            arg = None
+            if route.model is not None:
+                data = request.query if route.from_query else json_object(request.body)
+                arg = validate(route.model, data)
+            out = route.handler(request, arg)
+        except ClientGone:
+            raise
+        except HTTPError as e:
+            return self.error(e.status, one_line(e.message))
+        except AgentRLError as e:  # what the client asked for cannot be done
+            return self.error(400, one_line(e.message))
+        except Exception as e:  # the request boundary: one failed request, not a dead server
+            log.exception("%s %s failed", request.method, request.path)
+            return self.error(500, one_line(f"{type(e).__name__}: {e}"))
+        return out if isinstance(out, Response) else json_response(out)
+
+    def _resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        route = self.routes.get((method, path))
+        if route is not None:
+            return route, {}
+        parts = path.split("/")
+        for (m, pattern), route in self.routes.items():
+            want = pattern.split("/")
+            if m != method or "{" not in pattern or len(want) != len(parts):
+                continue
+            params = {w[1:-1]: p for w, p in zip(want, parts, strict=True) if w.startswith("{")}
+            if all(w == p or w.startswith("{") for w, p in zip(want, parts, strict=True)):
+                return route, params
+        raise HTTPError(404, f"no route {method} {path} in {self.name}")
+
+
+def one_line(message: str) -> str:
+    return " ".join(message.splitlines())
 
 
 def load_json(body: bytes) -> object:
@@ -47,28 +171,83 @@ def load_json(body: bytes) -> object:
         raise HTTPError(400, f"the body is not JSON: {e}".splitlines()[0]) from None
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; an empty body is {}."""
+    if not body.strip():
+        return {}
+    data = load_json(body)
+    if not isinstance(data, dict):
+        raise HTTPError(400, "the body must be a JSON object")
+    return data
+
+
+def validate(model: type[M], data: Mapping[str, object]) -> M:
+    """`data` as `model`; HTTPError 400 names the unknown fields, else every bad one."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        unknown = [str(x["loc"][0]) for x in errors if x["type"] == "extra_forbidden"]
+        if unknown and all(len(x["loc"]) == 1 for x in errors if x["type"] == "extra_forbidden"):
+            raise HTTPError(400, f"unknown fields: {', '.join(sorted(unknown))}") from e
+        raise HTTPError(400, validation_message(e)) from e
+
+
+def validation_message(e: ValidationError) -> str:
+    """`field: what is wrong; ...` (a ValueError a validator raised: its own words)."""
+    parts = []
+    for err in e.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "body"
+        cause = err.get("ctx", {}).get("error")
+        parts.append(f"{where}: {cause if isinstance(cause, ValueError) else err['msg']}")
+    return one_line("; ".join(parts))
+
+
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-class QuietHTTPServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer with a deep listen backlog, for JSONRequestHandler.
+class Listener:
+    """Serves `app` on a background thread: `url` (http://host:port), idempotent close()."""
 
-    A client that went away (reset, broken pipe, timeout) is one debug log line, not a
-    traceback on stderr.
-    """
+    def __init__(
+        self, app: App, host: str, port: int, read_timeout_s: float = READ_TIMEOUT_S
+    ) -> None:
+        try:
+            self._httpd = _Server((host, port), app, read_timeout_s)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {e.strerror or e} (--port 0 picks a free one)",
+                fix="pick a free port with --port (0 picks one for you)",
+            ) from e
+        bound_host, bound_port = self._httpd.server_address[:2]
+        self.url = f"http://{bound_host!s}:{bound_port}"
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name=f"{app.name}-http", daemon=True
+        )
+        self._thread.start()
 
+    def close(self) -> None:
+        """Stop accepting and close the socket; requests in flight finish on their own."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+
+class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[JSONRequestHandler],
-        read_timeout_s: float = READ_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, address: tuple[str, int], app: App, read_timeout_s: float) -> None:
+        self.app = app
         self.read_timeout_s = read_timeout_s
-        super().__init__(address, handler)
+        # The stdlib reads both from the handler class.
+        limits = {"timeout": app.idle_timeout_s, "server_version": app.name}
+        super().__init__(address, type("Handler", (_Handler,), limits))
 
     def handle_error(self, request: object, client_address: object) -> None:
         error = sys.exc_info()[1]
@@ -78,25 +257,21 @@ class QuietHTTPServer(ThreadingHTTPServer):
             log.error("a request from %s failed", client_address, exc_info=error)
 
 
-class JSONRequestHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 keep-alive with bounded reads and one-line JSON errors.
-
-    Subclasses answer GETs in `do_GET` and POSTs in `handle_post(body)`, and say how an
-    error looks in `reply_error`. The base reads every body (Content-Length only, at most
-    `max_body_bytes`), answers 408 to a request that does not arrive within the server's
-    `read_timeout_s` of its first byte, and turns the stdlib's own errors (a bad request
-    line, headers too long) into `reply_error` too.
-    """
+class _Handler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive with bounded reads; every answer, errors too, from the App."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn in front of vLLM does
-    timeout = 60  # an idle keep-alive connection frees its thread after this long
-    max_body_bytes = MAX_BODY_BYTES
 
     def setup(self) -> None:
+        server = cast(_Server, self.server)
+        self.app = server.app
         super().setup()
+        # Headers and body leave in two writes: without this, Nagle holds the body back
+        # until the client's delayed ACK (~40 ms per keep-alive request).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.rfile.close()  # the stdlib's reader, replaced by one with a deadline
-        read_s = cast(QuietHTTPServer, self.server).read_timeout_s
-        self._reader = _RequestReader(self.connection, float(self.timeout), read_s)
+        idle_s = float(self.app.idle_timeout_s)
+        self._reader = _RequestReader(self.connection, idle_s, server.read_timeout_s)
         self.rfile = io.BufferedReader(self._reader)
 
     def handle_one_request(self) -> None:
@@ -106,24 +281,38 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
         super().handle_one_request()  # a read past the deadline ends it (TimeoutError)
         if self._reader.expired:
             self.close_connection = True
-            self.reply_error(408, f"the request did not arrive within {self._reader.request_s:g} s")
+            message = f"the request did not arrive within {self._reader.request_s:g} s"
+            self._send(self.app.error(408, message))
+
+    def do_GET(self) -> None:
+        self._serve(b"")
 
     def do_POST(self) -> None:
         try:
             body = self._read_body()
         except HTTPError as e:
             self.close_connection = True  # the rest of the body is still on the wire
-            self.reply_error(e.status, e.message)
+            self._send(self.app.error(e.status, e.message))
             return
-        self.handle_post(body)
+        self._serve(body)
 
-    def handle_post(self, body: bytes) -> None:
-        self.reply_error(405, f"no POST route {self.path}")
+    def _serve(self, body: bytes) -> None:
+        parts = urlsplit(self.path)
+        request = Request(
+            method=self.command,
+            path=parts.path.rstrip("/") or "/",
+            query={k: v[-1] for k, v in parse_qs(parts.query).items()},
+            headers=self.headers,
+            body=body,
+            client_gone=self._client_gone,
+        )
+        try:
+            self._send(self.app.answer(request))
+        except ClientGone:
+            self.close_connection = True
+            log.debug("%s went away: its request was cancelled", self.address_string())
 
-    def reply_error(self, status: int, message: str) -> None:
-        self.send_body(status, json.dumps({"error": message}).encode())
-
-    def client_gone(self) -> bool:
+    def _client_gone(self) -> bool:
         """Whether the client closed or reset its connection (polled while it waits)."""
         poller = select.poll()
         poller.register(self.connection, select.POLLIN)
@@ -136,31 +325,26 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    def send_body(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str | None = "application/json",
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
+    def _send(self, response: Response) -> None:
         """Answer the request; a client that went away meanwhile is a debug line."""
         try:
             self.connection.settimeout(self.timeout)  # a client that never reads is gone too
-            self.send_response(status)
-            if content_type is not None:
-                self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for name, value in (headers or {}).items():
+            self.send_response(response.status)
+            if response.content_type is not None:
+                self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            for name, value in response.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(response.body)
         except (ConnectionError, TimeoutError) as e:
             self.close_connection = True
             log.debug("%s went away before its answer: %r", self.address_string(), e)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own rejections (a bad request line, headers too long) as the App's."""
         self.close_connection = True
-        self.reply_error(code, message or HTTPStatus(code).phrase)
+        self._send(self.app.error(code, one_line(message or HTTPStatus(code).phrase)))
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -168,13 +352,13 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):
             raise HTTPError(411, "send the body with a Content-Length, not chunked")
+        limit = self.app.max_body_bytes
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if not 0 <= length <= self.max_body_bytes:
-            status = 413 if length > self.max_body_bytes else 400
-            raise HTTPError(status, f"Content-Length must be 0..{self.max_body_bytes}")
+        if not 0 <= length <= limit:
+            raise HTTPError(413 if length > limit else 400, f"Content-Length must be 0..{limit}")
         body = self.rfile.read(length)
         if len(body) < length:
             raise HTTPError(400, f"the body ended after {len(body)} of {length} bytes")

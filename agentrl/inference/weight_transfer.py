@@ -12,7 +12,7 @@
   (`VLLMNCCLTransport`, needs the `vllm` extra); `agentrl serve` receives over gloo
   (`GlooTransport` / `GlooReceiver`), so the same protocol runs on a CPU machine.
 
-The HTTP side of both lives in the router's control plane (`router.py`); this module
+The HTTP side of both lives in the router's control plane (`router/control.py`); this module
 holds only what moves tensors.
 """
 

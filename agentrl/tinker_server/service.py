@@ -10,6 +10,11 @@ thread in seq_id order; every one of them is a future. save_state writes under
 At most --max-models training models live at once. A client session that has sent
 nothing (the SDK heartbeats every 10 s) for SESSION_TIMEOUT_S is gone: its models are
 released when a new one needs the room, and at once when the client closes it.
+
+One unit past 400 lines on purpose: sessions, training models and sampling sessions
+share one lock and one lifecycle (closing a session releases its models and samplers;
+a new model may reap silent sessions for room), so split apart they would hand that
+state back and forth.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from tinker import types
 
+from agentrl.inference.httpd import HTTPError
 from agentrl.tinker_server.checkpoints import StateDir
 from agentrl.tinker_server.futures import Future, Futures, Job, Sequencer, Worker
 from agentrl.tinker_server.learner import TinkerLearner, parse_loss
 from agentrl.tinker_server.sampling import Samplers
 from agentrl.tinker_server.wire import (
     ForwardBackwardRequest,
-    RequestError,
     UserError,
     datums,
     encode_forward_backward_output,
@@ -143,8 +148,8 @@ class TinkerService:
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None:
-                raise RequestError(
-                    f"unknown session {session_id} (closed, or the server restarted)", 410
+                raise HTTPError(
+                    410, f"unknown session {session_id} (closed, or the server restarted)"
                 )
             session.last_seen = time.monotonic()
             return session
@@ -177,7 +182,7 @@ class TinkerService:
             model = self._model(req.model_id)
             return self._submit(model, req.seq_id, "load_weights", lambda: self._load(model, req))
         if req.session_id is None or req.model_seq_id is None:
-            raise RequestError("load_weights needs session_id and model_seq_id (or model_id)")
+            raise HTTPError(400, "load_weights needs session_id and model_seq_id (or model_id)")
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
         self._touch(req.session_id)
         future, new = self.futures.create("load_weights", (model_id, 0))
@@ -297,15 +302,13 @@ class TinkerService:
     def create_sampling_session(self, req: types.CreateSamplingSessionRequest) -> dict[str, Any]:
         self._touch(req.session_id)
         if req.model_path is not None or req.base_model is None:
-            raise RequestError(
+            raise HTTPError(
+                400,
                 "this server samples the base model (create_sampling_client(base_model=...)) "
                 "or a training client's weights (save_weights_and_get_sampling_client()); "
-                "sampling a saved path is not supported"
+                "sampling a saved path is not supported",
             )
-        try:
-            self._check_base_model(req.base_model)
-        except UserError as e:
-            raise RequestError(str(e)) from e
+        self._check_base_model(req.base_model)  # a UserError here is a 400
         session_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
         self.samplers.add(session_id, f"{req.session_id}:base", self.samplers.new_sampler())
         return {"type": "create_sampling_session", "sampling_session_id": session_id}
@@ -314,12 +317,12 @@ class TinkerService:
         try:
             self.samplers.owner(session_id)
         except UserError as e:
-            raise RequestError(str(e), 404) from e
+            raise HTTPError(404, str(e)) from e
         return {"sampler_id": session_id, "base_model": self.config.name, "model_path": None}
 
     def asample(self, req: types.SampleRequest) -> dict[str, Any]:
         if not 1 <= req.num_samples <= MAX_NUM_SAMPLES:
-            raise RequestError(f"num_samples must be 1..{MAX_NUM_SAMPLES}, got {req.num_samples}")
+            raise HTTPError(400, f"num_samples must be 1..{MAX_NUM_SAMPLES}, got {req.num_samples}")
         key = None
         if req.sampling_session_id is not None and req.seq_id is not None:
             key = (req.sampling_session_id, req.seq_id)
@@ -342,7 +345,7 @@ class TinkerService:
 
     def _submit(self, model: _Model, seq_id: int | None, kind: str, job: Job) -> dict[str, Any]:
         if seq_id is None or seq_id < 1:
-            raise RequestError(f"{kind} needs a seq_id >= 1, got {seq_id}")
+            raise HTTPError(400, f"{kind} needs a seq_id >= 1, got {seq_id}")
         self._touch(model.session_id)
         future, new = self.futures.create(kind, (model.id, seq_id))
         if new:
@@ -353,7 +356,7 @@ class TinkerService:
         with self._lock:
             model = self._models.get(model_id)
         if model is None:
-            raise RequestError(f"unknown model {model_id} (never created, or released)", 404)
+            raise HTTPError(404, f"unknown model {model_id} (never created, or released)")
         return model
 
     def _learner(self, model: _Model) -> TinkerLearner:

@@ -4,11 +4,12 @@ Three payloads travel as protobuf (`tinker.proto.tinker_public_pb2`, the SDK's o
 schema): the forward_backward request, and the forward_backward and sample results.
 Every other body is JSON, validated with the SDK's pydantic request models.
 
-A body that is not a request at all (no model id, not protobuf) is a `RequestError`:
-HTTP 400 (or its `status`) at once. A request that is well formed but asks for something
-this server cannot do is a `UserError`: its future fails with category "user", which
-the SDK raises as `RequestFailedError` without retrying; the model's later requests
-still run.
+A body that is not a request at all (no model id, not protobuf) is an `HTTPError`:
+answered at once, 400 unless its `status` says otherwise. A request that is well formed
+but asks for something this server cannot do is a `UserError`: its future fails with
+category "user", which the SDK raises as `RequestFailedError` without retrying; the
+model's later requests still run (raised while answering the request itself, it is a
+400).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
 from agentrl.errors import AgentRLError
+from agentrl.inference.httpd import HTTPError
 
 _DTYPES: dict[int, np.dtype[Any]] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
@@ -32,14 +34,6 @@ _DTYPES: dict[int, np.dtype[Any]] = {
 
 class UserError(AgentRLError, ValueError):
     """A request this server cannot carry out; its future fails with category user."""
-
-
-class RequestError(AgentRLError, ValueError):
-    """A request answered at once with an HTTP error: 400 unless `status` says otherwise."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -70,16 +64,16 @@ class SampledSequence:
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
-    """Parse a protobuf ForwardBackwardRequest; RequestError when it names no model op."""
+    """Parse a protobuf ForwardBackwardRequest; HTTPError 400 when it names no model op."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
     except DecodeError as e:
-        raise RequestError(f"the body is not a protobuf ForwardBackwardRequest: {e}") from e
+        raise HTTPError(400, f"the body is not a protobuf ForwardBackwardRequest: {e}") from e
     if not msg.model_id:
-        raise RequestError("ForwardBackwardRequest has no model_id")
+        raise HTTPError(400, "ForwardBackwardRequest has no model_id")
     if msg.seq_id < 1:
-        raise RequestError(f"ForwardBackwardRequest seq_id must be >= 1, got {msg.seq_id}")
+        raise HTTPError(400, f"ForwardBackwardRequest seq_id must be >= 1, got {msg.seq_id}")
     config: dict[str, float | str] = dict(msg.loss_fn_config)
     for key, value in msg.loss_fn_config_v2.items():  # preferred: it also carries text
         kind = value.WhichOneof("value")

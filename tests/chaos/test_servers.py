@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrl.inference.local import LocalSampler, model_tokenizer
-from agentrl.inference.serve import CompletionRequest, CompletionServer, serve
+from agentrl.inference.serve import CompletionServer, serve
+from agentrl.inference.vllm_api import CompletionRequest
 
 pytestmark = pytest.mark.model  # the tiny model folder holds the embedded tokenizer
 

@@ -1,6 +1,7 @@
 """Shared fixtures: a unique run id per test whose containers must all be gone at the end,
 a tiny randomly initialised Llama for learner tests that need no real model, and
-`agentrl serve-tinker` serving it."""
+`agentrl serve-tinker` serving it. And the suite's time guard: a test not marked `slow`
+or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,24 @@ if TYPE_CHECKING:
     from agentrl.tinker_server.server import TinkerServer
 
 SMOLLM2_VOCAB = 49152  # the tiny model shares the embedded tokenizer's vocabulary
+UNMARKED_LIMIT_S = 60.0  # the whole suite must stay within 15 minutes on 2 cores
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Fail a passing test that is not marked slow or e2e when its call ran over the limit:
+    a slow test must say so, so the suite's budget is spent on purpose."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.passed or call.duration <= UNMARKED_LIMIT_S:
+        return
+    if item.get_closest_marker("slow") or item.get_closest_marker("e2e"):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"took {call.duration:.0f} s, over the {UNMARKED_LIMIT_S:g} s allowed a test not "
+        "marked slow or e2e: make it cheaper, or mark it @pytest.mark.slow"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -75,30 +75,49 @@ def connected(cluster: local.ClusterState) -> local.ClusterState:
     return cluster
 
 
+DRIVER_TESTS: list[str] = []
+"""The tests that join the cluster as a Ray driver: all of them run in one subprocess."""
+_children: dict[str, tuple[dict[str, str], str]] = {}
+
+
 def driver(test: Callable[..., None]) -> Callable[..., None]:
-    """Run the test in a pytest subprocess of its own: a Ray driver's threads make fork()
-    unsafe in its process (seen: pty.fork segfaulting in later tests that start shells),
-    so this process never joins the cluster."""
+    """Run the test in a pytest subprocess: a Ray driver's threads make fork() unsafe in
+    its process (seen: pty.fork segfaulting in later tests that start shells), so this
+    process never joins the cluster. Every driver test of the module runs in one such
+    subprocess (started by the first of them); each test then reports its own outcome."""
+    DRIVER_TESTS.append(test.__name__)
 
     @functools.wraps(test)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         if os.environ.get(CHILD):
             return test(*args, **kwargs)
-        folder = kwargs["connected"].__dict__["folder"]
-        nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider"]
-            + ["-p", "no:xdist"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=TESTS.parent,
-            env={**os.environ, CHILD: str(folder)},
-        )
-        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+        outcomes, output = _child_run(kwargs["connected"].__dict__["folder"])
+        assert outcomes.get(test.__name__) == "PASSED", output[-8000:]
         return None
 
     return wrapper
+
+
+def _child_run(folder: Path) -> tuple[dict[str, str], str]:
+    """Outcome of every driver test (by name) in one pytest subprocess, and its output."""
+    if str(folder) not in _children:
+        nodeids = [f"{Path(__file__).relative_to(TESTS.parent)}::{n}" for n in DRIVER_TESTS]
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", *nodeids, "-q", "-rA", "-p", "no:cacheprovider"]
+            + ["-p", "no:xdist"],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=TESTS.parent,
+            env={**os.environ, CHILD: str(folder)},
+        )
+        outcomes = {}
+        for line in proc.stdout.splitlines():
+            word, _, rest = line.partition(" ")
+            if word in ("PASSED", "FAILED", "ERROR", "SKIPPED") and "::" in rest:
+                outcomes.setdefault(rest.split("::", 1)[1].split(" ", 1)[0], word)
+        _children[str(folder)] = (outcomes, proc.stdout + proc.stderr)
+    return _children[str(folder)]
 
 
 @pytest.fixture(scope="module")

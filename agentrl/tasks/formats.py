@@ -65,8 +65,8 @@ def load_any(path: str | Path) -> Task:
         from agentrl.tasks.terminal.load import load_terminal_task
 
         return load_terminal_task(path)
-    if kind == "rows":
-        from agentrl.tasks.swe.rows import load_swe_bench
+    if kind == "rows" or (kind == "trajectories" and not Path(path).exists()):
+        from agentrl.tasks.swe.rows import load_swe_bench  # it says the file is missing
 
         return load_swe_bench(path)
     if kind == "task":
@@ -89,9 +89,11 @@ def _is_train_config(path: Path) -> bool:
 
 
 def _holds_trajectories(path: Path) -> bool:
-    """Trajectories carry `trajectory_id`; rows open with a dataset's key."""
+    """Trajectories carry `trajectory_id`; rows open with a dataset's key. A missing .jsonl
+    counts as trajectories (what `agentrl validate` reads a .jsonl as); `load_any` reads
+    it as rows, whose reader says it is missing."""
     if not path.is_file():
-        return False
+        return True
     with path.open("rb") as f:
         head = f.read(HEAD_BYTES).decode("utf-8", errors="replace")
     return '"trajectory_id"' in head or not any(key in head for key in ROW_KEYS)

@@ -41,10 +41,11 @@ async def sandbox_of(kind: str, **spec: Any) -> AsyncIterator[Sandbox]:
 
 def run(kind: str, body: Callable[[Sandbox, BashTool], Awaitable[None]], **spec: Any) -> None:
     tool_timeout = spec.pop("tool_timeout", 5.0)
+    grace = spec.pop("interrupt_grace", 8.0)
 
     async def main() -> None:
         async with sandbox_of(kind, **spec) as box:
-            tool = BashTool(timeout=tool_timeout)
+            tool = BashTool(timeout=tool_timeout, interrupt_grace=grace)
             try:
                 await body(box, tool)
             finally:
@@ -127,7 +128,7 @@ def test_timeout_interrupts_and_a_wedged_shell_is_restarted(kind: str) -> None:
         obs = await bash(box, command="echo alive; echo ${KEEP:-reset}")
         assert obs.text == "alive\nreset\n"
 
-    run(kind, body, tool_timeout=2.0)
+    run(kind, body, tool_timeout=2.0, interrupt_grace=2.0)  # the wedged shell waits it out
 
 
 @pytest.mark.parametrize("kind", KINDS)

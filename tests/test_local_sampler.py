@@ -301,7 +301,7 @@ def _publish_during(
 def test_pause_keep_parks_the_batch_and_stamps_each_token_with_its_weights(
     sampler: LocalSampler, prompts: list[list[int]]
 ) -> None:
-    done, old, new, waited = _publish_during(sampler, prompts[:3], "keep")
+    done, old, new, waited = _publish_during(sampler, prompts[:3], "keep", max_tokens=32)
     assert waited, "a request sent while paused must wait for resume"
     assert all(c.finish_reason != "abort" for c in done)
     spanning = [c for c in done if old in c.token_versions and new in c.token_versions]
@@ -324,7 +324,7 @@ def test_update_weights_with_publish_pause_keep_lands_mid_reply(
 
     async def go() -> list[Completion]:
         tasks = [
-            asyncio.create_task(sampler.generate(p, SamplingParams(max_tokens=60, seed=i)))
+            asyncio.create_task(sampler.generate(p, SamplingParams(max_tokens=32, seed=i)))
             for i, p in enumerate(prompts[:2])
         ]
         await asyncio.sleep(0.6)  # the batch is decoding

@@ -536,7 +536,8 @@ def test_agentrl_run_with_an_openai_policy(local: LocalSampler, url: str, tmp_pa
     try:
         res = subprocess.run(
             [sys.executable, "-m", "agentrl.cli", "run", "tests/data/agent/echo_task.yaml"]
-            + ["--policy", f"openai:{url}", "-n", "1", "--out", str(tmp_path)],
+            + ["--policy", f"openai:{url}", "-n", "1", "--out", str(tmp_path)]
+            + ["--max-turns", "2", "--max-new-tokens", "32"],  # the ledger, not the answer
             cwd=REPO,
             capture_output=True,
             text=True,

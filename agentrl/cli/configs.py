@@ -15,11 +15,10 @@ from agentrl.errors import AgentRLError, ConfigError
 
 def train(args: argparse.Namespace) -> int:
     from agentrl.tasks.formats import load_any
-    from agentrl.train import Trainer
     from agentrl.train_config import load_train_config
     from agentrl.yamlfile import readable
 
-    config = load_train_config(args.config)
+    config = load_train_config(args.config)  # before torch is imported: a bad file is quick
     data = config.model_dump(exclude_unset=True)  # what the file says, and only that
     if args.steps is not None:
         data["schedule"]["steps"] = args.steps
@@ -45,6 +44,8 @@ def train(args: argparse.Namespace) -> int:
             f"{out} already holds a run",
             fix="continue it with --resume, replace it with --overwrite, or pick --out DIR",
         )
+    from agentrl.train import Trainer
+
     trainer = Trainer(config, tasks, out)
     summary = asyncio.run(trainer.run(resume=args.resume))
     if not summary:  # a torchrun rank other than 0: rank 0 reports

@@ -83,6 +83,13 @@ class BashOptions(ToolOptions):
         "may leave running once it returns, e.g. a server the task asks for; with more, every "
         "process the agent started is stopped. None: half the sandbox's pids",
     )
+    interrupt_grace: float = Field(
+        default=8.0,
+        gt=0,
+        description="seconds a shell may take to answer after Ctrl-C before it is restarted "
+        "(generous: on a loaded machine a healthy shell can take seconds, and a needless "
+        "restart loses its state)",
+    )
 
 
 class BashTool(ModelTool[BashArgs, BashOptions]):
@@ -303,9 +310,8 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         except OSError:
             return False
         probe = Output(4096, sentinel_re(nonce))
-        # Generous: on a loaded machine a healthy shell can take seconds to answer, and a
-        # needless restart loses its state; only a shell that ignores Ctrl-C waits it out.
-        deadline = time.monotonic() + 8.0
+        # Only a shell that ignores Ctrl-C waits the whole grace out.
+        deadline = time.monotonic() + self.options.interrupt_grace
         while time.monotonic() < deadline:
             try:
                 chunk = shell.read(0.5)

@@ -40,7 +40,7 @@ def test_one_shipped_task_of_each_format_passes_check(tmp_path: Path) -> None:
     swe = tmp_path / "swe.jsonl"  # one shipped row: the same instance, the same image
     swe.write_text(SWE_ROWS.read_text().splitlines(keepends=True)[0])
     tasks = [TERMINAL / "access-log-report", TERMINAL / "cron-next-runs", swe, SHELL_BASICS]
-    done = _check(*map(str, tasks), "--concurrency", "4", "--json", str(tmp_path / "check.json"))
+    done = _check(*map(str, tasks), "--concurrency", "8", "--json", str(tmp_path / "check.json"))
     rows = json.loads((tmp_path / "check.json").read_text())
     failed = [r for r in rows if not r["ok"]]
     assert done.returncode == 0 and not failed, done.stdout[-3000:] + done.stderr[-2000:]

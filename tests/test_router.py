@@ -413,6 +413,7 @@ def test_async_training_through_serve_replicas_survives_one_failing_the_sync(
     data = Path(__file__).parent / "data" / "train"
     config = yaml.safe_load((data / "train_async.yaml").read_text())
     config["tasks"] = [str(data / "task.yaml")]
+    config["checkpoint"] = {"every": 0, "keep": 1}  # only at the end: not what is tested here
     config["servers"] = {
         "urls": [s.url for s in servers],
         "pause": "keep",  # agentrl serve stamps each token: replies span publications

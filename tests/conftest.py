@@ -5,6 +5,8 @@ or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`."""
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from agentrl.sandbox.base import Shell
     from agentrl.tinker_server.server import TinkerServer
 
 SMOLLM2_VOCAB = 49152  # the tiny model shares the embedded tokenizer's vocabulary
@@ -106,3 +109,13 @@ def run_id(request: pytest.FixtureRequest) -> Iterator[str]:
         finally:
             client.close()
     assert left == []
+
+
+def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
+    """Read until `pattern` shows up; TimeoutError if it does not within `timeout` s."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while (found := re.search(pattern, seen)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pattern!r} not in {seen[-300:]!r}")
+        seen += shell.read(0.1)
+    return found

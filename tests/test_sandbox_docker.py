@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,11 +24,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from conftest import read_until
 from docker.errors import NotFound
 
 from agentrl.errors import SandboxError, SandboxFileNotFound
 from agentrl.sandbox import provider
-from agentrl.sandbox.base import ExecRequest, SandboxSpec, Shell
+from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, DockerSandbox, gc, reap, remove_run
 from agentrl.sandbox.images import docker_client
 
@@ -230,16 +230,6 @@ def test_huge_output_is_elided_quickly(run_id: str) -> None:
         assert len(res.output) < 2_200_000
 
     with_sandbox(SandboxSpec(run_id=run_id), body)
-
-
-def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
-    """Read until `pattern` shows up; TimeoutError if it does not within `timeout` s."""
-    seen, deadline = b"", time.monotonic() + timeout
-    while (found := re.search(pattern, seen)) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{pattern!r} not in {seen[-300:]!r}")
-        seen += shell.read(0.1)
-    return found
 
 
 def test_shell_runs_on_a_tty_over_the_socket_and_can_be_restarted(run_id: str) -> None:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from conftest import read_until
 
 import agentrl.sandbox.local as local_mod
 from agentrl.errors import ConfigError, SandboxError, SandboxFileNotFound
 from agentrl.sandbox import provider
-from agentrl.sandbox.base import ExecRequest, SandboxSpec, Shell
+from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.local import LocalProvider, LocalSandbox, snapshots_dir
 
 T = TypeVar("T")
@@ -163,16 +163,6 @@ def test_snapshot_and_restore(cache: Path) -> None:
             await prov.restore("nope", spec)
 
     asyncio.run(go())
-
-
-def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
-    """Read until `pattern` shows up; TimeoutError if it does not within `timeout` s."""
-    seen, deadline = b"", time.monotonic() + timeout
-    while (found := re.search(pattern, seen)) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{pattern!r} not in {seen[-300:]!r}")
-        seen += shell.read(0.1)
-    return found
 
 
 def test_shell_is_a_bytes_pty_and_can_be_killed() -> None:

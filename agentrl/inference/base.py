@@ -7,6 +7,11 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FinishReason = Literal["stop", "length", "abort"]
+PauseMode = Literal["abort", "wait", "keep"]
+"""What a pause does to requests in flight: abort them, let them finish first, or keep
+them parked and resume them under the new weights."""
+Transfer = Literal["checkpoint", "gloo", "nccl"]
+"""How published weights reach servers."""
 
 
 class SamplingParams(BaseModel):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl.errors import ConfigError
+from agentrl.inference.base import PauseMode, Transfer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -32,7 +33,7 @@ class LocalSamplerConfig(_Model):
 
     type: Literal["local"] = "local"
     model: str = Field(default="embedded", description="'embedded' (SmolLM2-135M) or a model dir")
-    publish_pause: Literal["abort", "wait", "keep"] | None = Field(
+    publish_pause: PauseMode | None = Field(
         default=None,
         description="how a weight update meets running requests: None lets them finish "
         "first; keep (the async schedule) decodes them on under the new weights, each "
@@ -77,12 +78,12 @@ class RouterConfig(_Model):
     urls: list[str] = Field(
         min_length=1, description="server base URLs (http://host:port), e.g. agentrl serve"
     )
-    pause: Literal["abort", "wait", "keep"] = Field(
+    pause: PauseMode = Field(
         default="abort",
         description="what in-flight requests do while weights are published (keep: only "
         "with servers that report each token's version, such as agentrl serve)",
     )
-    transfer: Literal["checkpoint", "gloo", "nccl"] = Field(
+    transfer: Transfer = Field(
         default="checkpoint",
         description="checkpoint: a safetensors folder every server reloads (shared disk); "
         "gloo: vLLM's weight-transfer protocol over gloo (agentrl serve); nccl: the same "

@@ -28,19 +28,16 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentrl.errors import SamplerError
-from agentrl.inference.base import Completion
+from agentrl.inference.base import Completion, PauseMode
 from agentrl.inference.decode import Batch, Decoder, Request, Row
 
 log = logging.getLogger(__name__)
-
-PauseMode = Literal["abort", "wait", "keep"]
 
 
 @dataclass

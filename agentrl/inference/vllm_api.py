@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from agentrl.inference.base import Completion, SamplingParams
+from agentrl.inference.base import Completion, PauseMode, SamplingParams
 from agentrl.inference.httpd import HTTPError, validation_message
 
 if TYPE_CHECKING:
@@ -87,7 +87,6 @@ def _version(value: object) -> int | None:
 
 
 Version = Annotated[int | None, BeforeValidator(_version)]  # 3, "3" or "v3"
-PauseMode = Literal["abort", "wait", "keep"]
 
 
 class _Control(BaseModel):

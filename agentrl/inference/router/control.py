@@ -22,11 +22,11 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from agentrl.errors import ConfigError, SamplerError
+from agentrl.inference.base import PauseMode, Transfer
 from agentrl.inference.router.replica import (
     ControlError,
     Replica,
@@ -42,9 +42,6 @@ from agentrl.inference.weight_transfer import (
 )
 
 log = logging.getLogger(__name__)
-
-PauseMode = Literal["abort", "wait", "keep"]
-Transfer = Literal["checkpoint", "gloo", "nccl"]
 
 
 class ControlPlane:

@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 import torch
 
 from agentrl.errors import ConfigError, SamplerError
-from agentrl.inference.base import Completion, SamplingParams
+from agentrl.inference.base import Completion, PauseMode, SamplingParams, Transfer
 from agentrl.inference.openai import OpenAISampler, ServerUnavailable, normalize_base_url
-from agentrl.inference.router.control import ControlPlane, PauseMode, Transfer
+from agentrl.inference.router.control import ControlPlane
 from agentrl.inference.router.replica import Replica, RouterStats
 from agentrl.inference.weight_transfer import CHUNK_BYTES
 

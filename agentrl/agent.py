@@ -15,21 +15,28 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentrl.chat import ChatSession
+from agentrl import context
+from agentrl.chat import ChatSegment, ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
-from agentrl.inference.base import Completion, Sampler, SamplingParams
+from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
 from agentrl.tasks.env import build_tools
 from agentrl.tasks.graders import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import act, close_all, close_tools
 from agentrl.tools.base import Tool, schema
-from agentrl.trajectory import INFRA_STOP_REASONS, EnvInfo, StopReason, Trajectory, Turn
+from agentrl.trajectory import (
+    INFRA_STOP_REASONS,
+    EnvInfo,
+    Segment,
+    StopReason,
+    Trajectory,
+    Turn,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -49,24 +56,6 @@ class EpisodeEnd(Exception):
         self.stop_reason = stop_reason
 
 
-@dataclass
-class _Ledger:
-    """Per-token bookkeeping beside the ChatSession's ids and mask."""
-
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-
-    def sync(self, chat: ChatSession, sampled: Completion | None = None) -> None:
-        """Pad to the chat's length: observation tokens get 0.0 / -1, sampled get theirs."""
-        if sampled is not None:
-            self.logprobs += sampled.logprobs
-            self.versions += sampled.token_versions
-        gap = len(chat.response_ids) - len(self.logprobs)
-        self.logprobs += [0.0] * gap
-        self.versions += [-1] * gap
-
-
 def open_chat(
     task: Task, instance: Instance, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase
 ) -> ChatSession:
@@ -74,9 +63,11 @@ def open_chat(
         {"role": "system", "content": instance.render(task.spec.prompt.system)},
         {"role": "user", "content": instance.render(task.spec.prompt.instance)},
     ]
+    kwargs = task.spec.prompt.template_kwargs
     if task.spec.prompt.action_format == "bash_block":  # the system prompt explains the format
-        return ChatSession(tokenizer, messages)
-    return ChatSession(tokenizer, messages, tools=[schema(t) for t in tools.values()])
+        return ChatSession(tokenizer, messages, template_kwargs=kwargs)
+    schemas = [schema(t) for t in tools.values()]
+    return ChatSession(tokenizer, messages, tools=schemas, template_kwargs=kwargs)
 
 
 PROMPT_FIX = (
@@ -98,24 +89,39 @@ def prompt_overflow(task: Task, chat: ChatSession) -> str | None:
 def conversation(
     task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase, upto: int | None = None
 ) -> ChatSession:
-    """Replay an episode's conversation from its turn records (sampled ids verbatim,
-    observations as recorded) through the chat template: what the model saw, as messages.
+    """Replay an episode's conversation from its turn records (sampled ids verbatim with
+    their recorded logprobs and versions, observations as the model saw them) through the
+    chat template and the task's context policy: what the model saw, segments included.
     With `upto=K`, only turns before K: the chat as it stood when turn K was sampled."""
     instance = next(i for i in task.instances if i.id == traj.group_id)
     chat = open_chat(task, instance, build_tools(task), tokenizer)
-    for turn in traj.turns[:upto]:
-        sampled = traj.response_ids[turn.span[0] : turn.span[1]]
+    ledgers = traj.ledgers()
+    for k, turn in enumerate(traj.turns[:upto]):
+        if turn.kind == "summary":
+            context.ask_summary(task, chat)
+        else:
+            context.drop_oldest(task, chat)
+        ledger, (start, end) = ledgers[turn.segment], turn.span
+        sampled = ledger.response_ids[start:end]
         if turn.finish_reason is not None:
             ended = turn.finish_reason == "stop"
         else:  # recorded before turns kept their finish reason
             ended = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
-        chat.add_sampled(sampled, "stop" if ended else "length")
-        if len(chat.response_ids) == len(traj.response_ids):
-            break  # nothing followed this turn (finish, or a timeout during its tool call)
-        if not ended:  # a turn cut off by a length limit ends the episode
+        chat.add_sampled(
+            sampled,
+            "stop" if ended else "length",
+            logprobs=ledger.logprobs[start:end],
+            versions=ledger.token_versions[start:end],
+        )
+        if k + 1 == len(traj.turns) and end == len(ledger.response_ids):
+            break  # nothing followed the last turn (finish, or a timeout in its tool call)
+        if not ended and turn.kind == "action":  # a reply cut off ends the episode
             chat.close_turn()
             break
-        chat.add_messages([{"role": "tool", "content": turn.observation}])
+        if turn.kind == "summary":
+            context.summarized(chat, turn.action)
+        else:
+            chat.add_messages([{"role": "tool", "content": turn.observation}])
     return chat
 
 
@@ -158,7 +164,7 @@ class Episode:
         self.scheduled_step = scheduled_step
         self.tools = env.tools()
         self.chat = open_chat(task, instance, self.tools, tokenizer)
-        self.ledger = _Ledger()
+        self.turns: list[Turn] = []
         self.sandbox: Sandbox | None = None
         self.reward: float | None = None
         self.components: dict[str, Any] = {}
@@ -207,7 +213,7 @@ class Episode:
             self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
         elif stage == "eval":
             self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
-        elif self.ledger.turns:
+        elif self.turns:
             self.stop = StopReason.episode_timeout
         else:  # the agent never acted: the sampler never served it
             self.fail(
@@ -292,11 +298,11 @@ class Episode:
             return self._trajectory()
 
     def _trajectory(self) -> Trajectory:
-        chat, ledger = self.chat, self.ledger
-        ledger.sync(chat)
         stop = self.stop or StopReason.aborted
+        # An infrastructure failure is never trained on as if the agent failed.
         infra = stop in INFRA_STOP_REASONS
-        turns, env_info = ledger.turns, self.env_info
+        first, *rest = [_recorded(s, infra) for s in self.chat.all_segments]
+        turns, env_info = self.turns, self.env_info
         if self._drops_snapshots():  # close() removes those it made: record none of them
             turns, env_info = self.snapshots.unrecorded(turns, env_info)
         return (
@@ -304,12 +310,12 @@ class Episode:
                 trajectory_id=self.trajectory_id,
                 group_id=self.instance.id,
                 task=self.task.spec.name,
-                prompt_ids=chat.prompt_ids,
-                response_ids=chat.response_ids,
-                # An infrastructure failure is never trained on as if the agent failed.
-                loss_mask=[0] * len(chat.loss_mask) if infra else chat.loss_mask,
-                logprobs=[0.0] * len(ledger.logprobs) if infra else ledger.logprobs,
-                token_versions=[-1] * len(ledger.versions) if infra else ledger.versions,
+                prompt_ids=first.prompt_ids,
+                response_ids=first.response_ids,
+                loss_mask=first.loss_mask,
+                logprobs=first.logprobs,
+                token_versions=first.token_versions,
+                segments=rest,
                 reward=self.reward,
                 reward_components=self.components,
                 stop_reason=stop,
@@ -322,6 +328,20 @@ class Episode:
             .check()
             .with_grade(self.evidence)
         )
+
+
+def _recorded(segment: ChatSegment, infra: bool) -> Segment:
+    """A chat segment as the trajectory records it; an infrastructure failure's sampled
+    tokens lose their mask, logprobs and versions."""
+    n = len(segment.response_ids)
+    return Segment(
+        reason=segment.reason,
+        prompt_ids=segment.prompt_ids,
+        response_ids=segment.response_ids,
+        loss_mask=[0] * n if infra else segment.loss_mask,
+        logprobs=[0.0] * n if infra else segment.logprobs,
+        token_versions=[-1] * n if infra else segment.versions,
+    )
 
 
 async def run_episode(
@@ -348,53 +368,83 @@ async def run_episode(
 
 
 async def _react(episode: Episode, gate: Gate) -> NoReturn:
-    """Generate, parse, act, observe: until a turn ends the episode or turns run out."""
-    task, chat, ledger, sampler = episode.task, episode.chat, episode.ledger, episode.sampler
-    sandbox, snapshots = episode.sandbox, episode.snapshots
+    """Generate, parse, act, observe: until a turn ends the episode or turns run out.
+    Before each action the task's context policy may drop old turns or ask the policy
+    for a summary (a turn of kind `summary`, not counted against max_turns)."""
+    task, chat, turns, sandbox = episode.task, episode.chat, episode.turns, episode.sandbox
     assert sandbox is not None  # run() checks
-    limits, sampling = task.spec.limits, task.spec.sampling
-    for _ in range(limits.max_turns - len(ledger.turns)):  # a branch starts with turns done
-        room = limits.context_length - len(chat)
-        if room <= 0:
-            raise EpisodeEnd(StopReason.context_limit)
-        params = SamplingParams(
-            max_tokens=min(limits.max_new_tokens, room),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop=tuple(sampling.stop),
-        )
-        async with gate():
-            start = time.monotonic()
-            completion = await sampler.generate(chat.ids, params, session_id=episode.trajectory_id)
-            gen_seconds = time.monotonic() - start
-        begin = len(chat.response_ids)
-        text = chat.add_sampled(completion.token_ids, completion.finish_reason)
-        ledger.sync(chat, completion)
-        turn = Turn(
-            action=text,
-            span=(begin, len(chat.response_ids)),
-            finish_reason=completion.finish_reason,
-            gen_seconds=gen_seconds,
-            replica=completion.replica,
-        )
-        ledger.turns.append(turn)
-        if completion.finish_reason == "abort":  # cut off by the server: not the agent's doing
-            raise SamplerError(
-                f"the sampler aborted this reply after {len(completion.token_ids)} tokens",
-                fix="a server paused with mode=abort outside the router, or was shut down",
-            )
-        if completion.finish_reason == "length":
-            chat.close_turn()
-            raise EpisodeEnd(
-                StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
-            )
-        await snapshots.settle(episode.trajectory_id)  # it must end before the sandbox changes
-        obs = await act(text, task.spec.prompt.action_format, episode.tools, sandbox, turn)
-        turn.observation = obs.text
-        if snapshots.due(len(ledger.turns)):
-            snapshots.start(sandbox, turn, f"turn-{len(ledger.turns) - 1:03d}")
+    limits = task.spec.limits
+    since_summary = 0  # a branch starts with turns done: the first decision counts them
+    for turn in turns:
+        since_summary = 0 if turn.kind == "summary" else since_summary + 1
+    while sum(t.kind == "action" for t in turns) < limits.max_turns:
+        if context.wants_summary(task, chat, since_summary):
+            context.ask_summary(task, chat)
+            turn = await _sample(episode, gate, task.spec.context.summary_tokens, "summary")
+            context.summarized(chat, turn.action)
+            since_summary = 0
+            continue
+        context.drop_oldest(task, chat)
+        turn = await _sample(episode, gate, limits.max_new_tokens, "action")
+        await episode.snapshots.settle(episode.trajectory_id)  # before the sandbox changes
+        obs = await act(turn.action, task.spec.prompt.action_format, episode.tools, sandbox, turn)
+        if episode.snapshots.due(len(turns)):
+            episode.snapshots.start(sandbox, turn, f"turn-{len(turns) - 1:03d}")
         if obs.done:
+            turn.observation = obs.text
             raise EpisodeEnd(StopReason.finished)
-        chat.add_messages([{"role": "tool", "content": obs.text}])
-        ledger.sync(chat)
+        turn.observation = context.observe(task, chat, obs.text)
+        since_summary += 1
     raise EpisodeEnd(StopReason.max_turns)
+
+
+async def _sample(
+    episode: Episode, gate: Gate, max_tokens: int, kind: Literal["action", "summary"]
+) -> Turn:
+    """One reply of the policy, appended to the chat and recorded as a turn; a reply the
+    sampler cut off ends the episode."""
+    task, chat = episode.task, episode.chat
+    room = task.spec.limits.context_length - len(chat)
+    if room <= 0:
+        raise EpisodeEnd(StopReason.context_limit)
+    sampling = task.spec.sampling
+    params = SamplingParams(
+        max_tokens=min(max_tokens, room),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop=tuple(sampling.stop) if kind == "action" else (),
+    )
+    async with gate():
+        start = time.monotonic()
+        completion = await episode.sampler.generate(
+            chat.ids, params, session_id=episode.trajectory_id
+        )
+        gen_seconds = time.monotonic() - start
+    begin = len(chat.response_ids)
+    text = chat.add_sampled(
+        completion.token_ids,
+        completion.finish_reason,
+        logprobs=completion.logprobs,
+        versions=completion.token_versions,
+    )
+    turn = Turn(
+        action=text,
+        span=(begin, len(chat.response_ids)),
+        segment=len(chat.segments),
+        kind=kind,
+        finish_reason=completion.finish_reason,
+        gen_seconds=gen_seconds,
+        replica=completion.replica,
+    )
+    episode.turns.append(turn)
+    if completion.finish_reason == "abort":  # cut off by the server: not the agent's doing
+        raise SamplerError(
+            f"the sampler aborted this reply after {len(completion.token_ids)} tokens",
+            fix="a server paused with mode=abort outside the router, or was shut down",
+        )
+    if completion.finish_reason == "length" and (kind == "action" or params.max_tokens == room):
+        chat.close_turn()
+        raise EpisodeEnd(
+            StopReason.context_limit if params.max_tokens == room else StopReason.sampler_length
+        )
+    return turn

@@ -1,36 +1,43 @@
 """Token-in-token-out chat bookkeeping over a Hugging Face tokenizer's chat template.
 
-A `ChatSession` owns the growing token sequence of one conversation:
+A `ChatSession` is the token ledger of one conversation, kept as one or more segments.
+A segment (`ChatSegment`) is token-exact on its own:
 
-- `prompt_ids`: the template rendering of the first messages (system, user, tool
-  schemas) plus the generation prompt;
-- sampled ids are appended verbatim (`loss_mask` 1) — never decoded and re-encoded;
-- an observation (tool or user message) is appended as a *delta*: exactly the text
-  the template adds for it, including whatever closes the previous assistant turn
-  and the next generation prompt, tokenized on its own (`loss_mask` 0).
+- `prompt_ids`: the template rendering of the conversation so far plus the generation
+  prompt — exactly what the sampler is given when the segment begins;
+- sampled ids are appended verbatim (`loss_mask` 1, with their logprobs and policy
+  versions) — never decoded and re-encoded;
+- an observation (tool or user message) is appended as a *delta*: exactly the text the
+  template adds for it, including whatever closes the previous assistant turn and the
+  next generation prompt, tokenized on its own (`loss_mask` 0).
 
-Invariant: when the sampled ids are the tokenizer's own encoding of the assistant
-text, `prompt_ids + response_ids` equals the tokenization of the whole conversation
-rendered by the template at once. The session keeps the rendered text its ids
-stand for (`covered`) and checks at every step that the template's rendering of the
-longer conversation starts with it; a template that rewrites history (drops earlier
-reasoning, trims content, renumbers) raises ChatTemplateError instead of silently
-training on tokens the model never saw.
+The session keeps the rendered text the current segment's ids stand for (`covered`) and
+checks, at every observation, that the template's rendering of the longer conversation
+starts with it. When it does (a prefix-stable template: the common case), the segment
+grows and `prompt_ids + response_ids` equals the tokenization of the whole conversation
+rendered at once. When it does not — a template that rewrites history (drops earlier
+reasoning, trims content) — the session starts a new segment whose prompt is the new
+rendering, so nothing is ever trained on tokens the model did not see. A context manager
+(`restart`) starts one the same way. The mode is detected, never configured.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.errors import ChatTemplateError
+from agentrl.trajectory import SegmentReason
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, Any]
 FinishReason = Literal["stop", "length", "abort"]
+
+_PLACEHOLDER = "\x00agentrl-reply\x00"
 
 
 def render_tool_schemas(tools: Sequence[dict[str, Any]]) -> str:
@@ -45,6 +52,46 @@ def render_tool_schemas(tools: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class ChatSegment:
+    """One token-exact stretch of a conversation (see module docstring)."""
+
+    prompt_ids: list[int]
+    reason: SegmentReason = "start"
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def append(
+        self,
+        ids: Sequence[int],
+        *,
+        sampled: bool,
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
+        n = len(ids)
+        self.response_ids += ids
+        self.loss_mask += [int(sampled)] * n
+        if sampled:
+            self.logprobs += logprobs if logprobs is not None else [0.0] * n
+            self.versions += versions if versions is not None else [0] * n
+        else:
+            self.logprobs += [0.0] * n
+            self.versions += [-1] * n
+        if len(self.logprobs) != len(self.response_ids) or len(self.versions) != len(
+            self.response_ids
+        ):
+            raise ChatTemplateError(
+                f"{n} sampled ids came with {len(logprobs or [])} logprobs and "
+                f"{len(versions or [])} versions"
+            )
+
+
 class ChatSession:
     """The token ledger of one conversation (see module docstring)."""
 
@@ -53,6 +100,7 @@ class ChatSession:
         tokenizer: PreTrainedTokenizerBase,
         messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         template = tokenizer.chat_template
@@ -61,16 +109,17 @@ class ChatSession:
                 f"tokenizer {type(tokenizer).__name__} has no chat template",
                 fix="use an instruct/chat model, or set tokenizer.chat_template",
             )
+        self.template_kwargs = dict(template_kwargs or {})
         self._template_tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
             [dict(t) for t in tools] if tools and "tools" in template else None
         )
         self.messages: list[Message] = [dict(m) for m in messages]
         if tools and self._template_tools is None:
             self.messages = _with_tool_block(self.messages, render_tool_schemas(tools))
+        self.opening = [dict(m) for m in self.messages]  # what a context manager keeps
+        self.segments: list[ChatSegment] = []  # finished, before `current`
         self.covered = self.render(self.messages, generation_prompt=True)
-        self.prompt_ids: list[int] = self.encode(self.covered)
-        self.response_ids: list[int] = []
-        self.loss_mask: list[int] = []
+        self.current = ChatSegment(self.encode(self.covered))
         # Template text that closes the last assistant turn and is not in the ids yet.
         self._pending = ""
 
@@ -82,6 +131,7 @@ class ChatSession:
             tools=self._template_tools,
             tokenize=False,
             add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
         )
         if not isinstance(text, str):
             raise ChatTemplateError("the chat template did not render to text")
@@ -97,17 +147,44 @@ class ChatSession:
             raise ChatTemplateError("the tokenizer did not decode to text")
         return text
 
+    # -- the current segment: what the sampler is given next --------------------------
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.current.prompt_ids
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.current.response_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return self.current.loss_mask
+
     @property
     def ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
+        return self.current.prompt_ids + self.current.response_ids
 
     def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
+        return len(self.current)
 
-    # -- the two ways the conversation grows --------------------------------------------
+    @property
+    def all_segments(self) -> list[ChatSegment]:
+        return [*self.segments, self.current]
 
-    def add_sampled(self, token_ids: Sequence[int], finish_reason: FinishReason) -> str:
-        """Append the sampler's ids verbatim (mask 1); return the assistant text they say."""
+    # -- the ways the conversation grows ------------------------------------------------
+
+    def add_sampled(
+        self,
+        token_ids: Sequence[int],
+        finish_reason: FinishReason,
+        *,
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> str:
+        """Append the sampler's ids verbatim (mask 1) with their logprobs and policy
+        versions (0.0 and 0 when rebuilding a recorded conversation); return the
+        assistant text they say."""
         if self._pending:
             raise ChatTemplateError("two assistant turns in a row: add an observation between")
         ids = list(token_ids)
@@ -123,19 +200,27 @@ class ChatSession:
             content = self.decode(ids)
             closing, stop_text = self._closing(content), ""
         self.messages.append({"role": "assistant", "content": content})
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
+        self.current.append(ids, sampled=True, logprobs=logprobs, versions=versions)
         self.covered += content + stop_text
         self._pending = closing[len(stop_text) :]
         return content
 
     def add_messages(self, messages: Sequence[Message]) -> list[int]:
-        """Append tool/user messages as the template renders them, plus the generation
-        prompt (mask 0); return the delta ids."""
-        longer = self.messages + [dict(m) for m in messages]
-        delta = self._rendered_after(longer, generation_prompt=True)
-        self.messages = longer
-        return self._append_template_text(delta)
+        """Append tool/user messages and the generation prompt: as the template's delta
+        (mask 0; returned) when its rendering extends the current ids, else as the prompt
+        of a new segment (returns [])."""
+        self.messages = self.messages + [dict(m) for m in messages]
+        full = self.render(self.messages, generation_prompt=True)
+        if full.startswith(self.covered):
+            return self._append_template_text(full[len(self.covered) :])
+        self._begin(full, "template")
+        return []
+
+    def restart(self, messages: Sequence[Message], reason: SegmentReason) -> None:
+        """Continue in a new segment whose prompt renders `messages` (a context manager
+        dropped or summarized history)."""
+        self.messages = [dict(m) for m in messages]
+        self._begin(self.render(self.messages, generation_prompt=True), reason)
 
     def close_turn(self) -> list[int]:
         """Append the template text that ends the last assistant turn (e.g. `<|im_end|>`
@@ -144,43 +229,33 @@ class ChatSession:
 
     # -- internals -------------------------------------------------------------------
 
+    def _begin(self, text: str, reason: SegmentReason) -> None:
+        self.segments.append(self.current)
+        self.current = ChatSegment(self.encode(text), reason)
+        self.covered, self._pending = text, ""
+
     def _closing(self, content: str) -> str:
         """The template text after `content` when it closes the conversation as the
-        assistant's reply (e.g. `<|im_end|>\\n`)."""
-        reply = {"role": "assistant", "content": content}
-        rendered = self._rendered_after([*self.messages, reply], generation_prompt=False)
-        if not rendered.startswith(content):
-            raise ChatTemplateError(
-                "the chat template does not render the assistant's text verbatim "
-                f"(expected it to start with {content[:40]!r}, got {rendered[:40]!r})",
-                fix="use a template that keeps assistant content as sampled",
-            )
-        return rendered[len(content) :]
-
-    def _rendered_after(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
-        """What rendering `messages` adds after the text the ids already stand for."""
-        full = self.render(messages, generation_prompt=generation_prompt)
-        prefix = self.covered
-        if not full.startswith(prefix):
-            at = next(
-                (i for i, (a, b) in enumerate(zip(prefix, full, strict=False)) if a != b),
-                min(len(prefix), len(full)),
-            )
-            raise ChatTemplateError(
-                "the chat template is not append-only: rendering the longer conversation "
-                f"changes earlier text at character {at} ({prefix[at : at + 30]!r} became "
-                f"{full[at : at + 30]!r}); token-in-token-out needs history to stay as sampled",
-                fix="start a new training segment at this turn, or use an append-only template",
-            )
-        return full[len(prefix) :]
+        assistant's reply (e.g. `<|im_end|>\\n`). A template that does not render the
+        reply verbatim after the current ids (it trims it, drops its reasoning) is asked
+        with a placeholder reply; the next observation then starts a new segment."""
+        rendered = self.render([*self.messages, _reply(content)], generation_prompt=False)
+        if rendered.startswith(self.covered + content):
+            return rendered[len(self.covered) + len(content) :]
+        rendered = self.render([*self.messages, _reply(_PLACEHOLDER)], generation_prompt=False)
+        at = rendered.rfind(_PLACEHOLDER)
+        return rendered[at + len(_PLACEHOLDER) :] if at >= 0 else ""
 
     def _append_template_text(self, text: str) -> list[int]:
         ids = self.encode(text) if text else []
-        self.response_ids += ids
-        self.loss_mask += [0] * len(ids)
+        self.current.append(ids, sampled=False)
         self.covered += text
         self._pending = ""
         return ids
+
+
+def _reply(content: str) -> Message:
+    return {"role": "assistant", "content": content}
 
 
 def _with_tool_block(messages: list[Message], block: str) -> list[Message]:

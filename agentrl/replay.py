@@ -37,6 +37,7 @@ from agentrl.trajectory import Trajectory, TrajectoryStore, Turn
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.chat import ChatSession
     from agentrl.inference.base import Sampler
     from agentrl.sandbox.base import Sandbox, SandboxProvider
     from agentrl.tasks.env import TaskEnv
@@ -231,16 +232,13 @@ async def branch(
         episode.scheduled_step = traj.scheduled_step
         episode.env_info = traj.env.model_copy()  # its INIT (and snapshot) was the original's
         episode.chat = conversation(task, traj, tokenizer, upto=from_turn)
-        n = len(episode.chat.response_ids)
-        if traj.response_ids[:n] != episode.chat.response_ids:
+        if not _rebuilds(traj, episode.chat):
             raise ConfigError(
                 f"{trajectory_id}: its turn records no longer rebuild its tokens (was the "
                 "task's prompt or chat template changed since the run?)",
                 fix="branch from a run made with the task as it is now",
             )
-        episode.ledger.logprobs = list(traj.logprobs[:n])
-        episode.ledger.versions = list(traj.token_versions[:n])
-        episode.ledger.turns = [t.model_copy() for t in traj.turns[:from_turn]]
+        episode.turns = [t.model_copy() for t in traj.turns[:from_turn]]
         episode.sandbox, session.sandbox = session.sandbox, None
         try:
             await episode.run()
@@ -252,6 +250,17 @@ async def branch(
         await session.close()
     TrajectoryStore(run_dir / BRANCHES).append(result)
     return result, divergence
+
+
+def _rebuilds(traj: Trajectory, chat: ChatSession) -> bool:
+    """Whether the rebuilt chat is the recorded episode up to where it stands: every
+    segment's prompt, and its response so far."""
+    recorded = traj.ledgers()
+    rebuilt = chat.all_segments
+    return len(rebuilt) <= len(recorded) and all(
+        r.prompt_ids == c.prompt_ids and r.response_ids[: len(c.response_ids)] == c.response_ids
+        for r, c in zip(recorded, rebuilt, strict=False)
+    )
 
 
 async def open_shell(

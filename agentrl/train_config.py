@@ -3,7 +3,9 @@
 One YAML file, validated like a task file (`file:line: field: what is wrong`). Task
 paths resolve beside the config file. Each instance of each task is a prompt; every
 `eval.holdout_every`-th instance (in file order) is held out for evaluation and never
-trained on.
+trained on, unless `eval.tasks` names held-out task files of their own (SWE-bench
+Verified rows beside SWE-Gym training rows): then those are evaluated and every
+instance of `tasks` trains.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.config import LocalSamplerConfig, RouterConfig
 from agentrl.tasks.spec import SnapshotPolicy
+from agentrl.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.yamlfile import YamlFile
@@ -45,6 +48,16 @@ BackendConfig = Annotated[
 class AlgorithmConfig(_Model):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    overlong: Literal["mask", "train"] = Field(
+        default="mask",
+        description="an episode that ended context_limit: its reward still counts in its "
+        "group's baseline, but its tokens are not trained on (mask, as DAPO's overlong "
+        "filtering), or they are, with its advantage (train)",
+    )
+
+    def trains_on(self, trajectory: Trajectory) -> bool:
+        """Whether the loss sees this trajectory's tokens (see `overlong`)."""
+        return self.overlong == "train" or trajectory.stop_reason != StopReason.context_limit
 
 
 class SyncSchedule(_Model):
@@ -87,10 +100,24 @@ class EvalConfig(_Model):
     holdout_every: int = Field(
         default=4, ge=2, description="every k-th instance of each task is held out for eval"
     )
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="held-out task files or folders (beside this file), evaluated whole; "
+        "when given, every instance of `tasks:` trains and holdout_every is not used",
+    )
     every: int = Field(
         default=0, ge=0, description="evaluate every k steps (0: only before and after)"
     )
     samples: int = Field(default=4, ge=1, description="episodes per held-out instance")
+
+    @model_validator(mode="after")
+    def _one_split(self) -> EvalConfig:
+        if self.tasks and "holdout_every" in self.model_fields_set:
+            raise ValueError(
+                "holdout_every and tasks both name the held-out instances: keep one "
+                "(tasks: held-out files evaluated whole; holdout_every: every k-th training one)"
+            )
+        return self
 
 
 class CheckpointConfig(_Model):

@@ -6,6 +6,12 @@ appended verbatim with `loss_mask` 1, their sampler log-probability and the poli
 version that sampled them; everything else (observations, chat-template glue) has
 mask 0, logprob 0.0 and version -1. Nothing is ever decoded and re-encoded.
 
+An episode whose history was rewritten (a chat template that drops earlier reasoning,
+a context manager that dropped or summarized turns) continues in `segments`: each one
+holds its own prompt (exactly what the sampler was then given) and keeps the same
+invariant. The top-level fields are the first segment, so a prefix-stable episode is
+one segment at no extra cost; `ledgers()` lists them all.
+
 `Trajectory.check()` enforces that contract at runtime and raises a
 `TrajectoryError` naming the trajectory and the field; `TrajectoryStore` appends
 validated records to JSONL with fsync and reads them back identical.
@@ -50,6 +56,11 @@ INFRA_STOP_REASONS = frozenset(
 )
 
 
+SegmentReason = Literal["start", "template", "drop_oldest", "summary"]
+"""Why a segment began: the episode's start, a chat template that rewrote history, or a
+context manager that dropped old turns or replaced them with the policy's summary."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -78,6 +89,10 @@ class Turn(_Strict):
     tool_seconds: float = 0.0
     replica: str | None = Field(default=None, description="server that sampled the reply")
     snapshot_id: str | None = Field(default=None, description="sandbox snapshot after turn")
+    segment: int = Field(default=0, ge=0, description="the ledger its span indexes (0: the first)")
+    kind: Literal["action", "summary"] = Field(
+        default="action", description="summary: the policy summarized history (no tool call)"
+    )
 
 
 class EnvInfo(_Strict):
@@ -94,6 +109,18 @@ class EnvInfo(_Strict):
     init_snapshot: str | None = Field(
         default=None, description="sandbox snapshot after INIT, before the first turn"
     )
+
+
+class Segment(_Strict):
+    """A continuation of the episode after its history was rewritten: a token ledger of
+    its own, with the same invariant as the trajectory's first one."""
+
+    reason: SegmentReason = Field(description="template, drop_oldest or summary")
+    prompt_ids: list[int] = Field(description="exactly the tokens the sampler was given")
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    token_versions: list[int] = Field(default_factory=list)
 
 
 class Trajectory(_Strict):
@@ -115,6 +142,9 @@ class Trajectory(_Strict):
     reward_components: dict[str, Any] = Field(default_factory=dict)
     stop_reason: StopReason
     turns: list[Turn] = Field(default_factory=list)
+    segments: list[Segment] = Field(
+        default_factory=list, description="continuations after history was rewritten"
+    )
     scheduled_step: int = 0
     consumed_step: int | None = None
     env: EnvInfo = Field(default_factory=EnvInfo)
@@ -138,9 +168,22 @@ class Trajectory(_Strict):
         """Whether this episode's outcome is the agent's (not an infrastructure failure)."""
         return self.stop_reason not in INFRA_STOP_REASONS
 
+    def ledgers(self) -> list[Segment]:
+        """Every token ledger of the episode in order: the first (the top-level fields)
+        and its `segments`."""
+        first = Segment.model_construct(
+            reason="start",
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            loss_mask=self.loss_mask,
+            logprobs=self.logprobs,
+            token_versions=self.token_versions,
+        )
+        return [first, *self.segments]
+
     @property
     def num_sampled(self) -> int:
-        return sum(self.loss_mask)
+        return sum(self.loss_mask) + sum(sum(s.loss_mask) for s in self.segments)
 
     def _fail(self, field: str, message: str) -> TrajectoryError:
         return TrajectoryError(f"trajectory {self.trajectory_id!r}: {field}: {message}")
@@ -154,55 +197,70 @@ class Trajectory(_Strict):
             )
         if not self.trajectory_id:
             raise TrajectoryError("trajectory with an empty trajectory_id")
-        if not self.prompt_ids:
-            raise self._fail("prompt_ids", "empty: the sampler was given no tokens")
-        n = len(self.response_ids)
-        for name in ("loss_mask", "logprobs", "token_versions"):
-            got = len(getattr(self, name))
-            if got != n:
-                raise self._fail(name, f"length {got} != response_ids length {n}")
-        for name in ("prompt_ids", "response_ids"):
-            bad = next((i for i, t in enumerate(getattr(self, name)) if t < 0), None)
-            if bad is not None:
-                raise self._fail(f"{name}[{bad}]", "negative token id")
-        for i, (m, lp, v) in enumerate(
-            zip(self.loss_mask, self.logprobs, self.token_versions, strict=True)
-        ):
-            if m not in (0, 1):
-                raise self._fail(f"loss_mask[{i}]", f"{m} is not 0 or 1")
-            if m == 1:
-                if not math.isfinite(lp) or lp > 0.0:
-                    raise self._fail(
-                        f"logprobs[{i}]", f"{lp} on a sampled token (must be finite and <= 0)"
-                    )
-                if v < 0:
-                    raise self._fail(
-                        f"token_versions[{i}]", f"{v}: a sampled token needs its policy version"
-                    )
-            else:
-                if lp != 0.0:
-                    raise self._fail(f"logprobs[{i}]", f"{lp} on a non-sampled token (must be 0.0)")
-                if v != -1:
-                    raise self._fail(
-                        f"token_versions[{i}]", f"{v} on a non-sampled token (must be -1)"
-                    )
-        self._check_turns(n)
+        ledgers = self.ledgers()
+        for k, ledger in enumerate(ledgers):
+            self._check_ledger(ledger, "" if k == 0 else f"segments[{k - 1}].")
+        self._check_turns(ledgers)
         self._check_reward()
         return self
 
-    def _check_turns(self, n: int) -> None:
-        prev_end = 0
+    def _check_ledger(self, ledger: Segment, at: str) -> None:
+        if not ledger.prompt_ids:
+            raise self._fail(f"{at}prompt_ids", "empty: the sampler was given no tokens")
+        n = len(ledger.response_ids)
+        for name in ("loss_mask", "logprobs", "token_versions"):
+            got = len(getattr(ledger, name))
+            if got != n:
+                raise self._fail(f"{at}{name}", f"length {got} != response_ids length {n}")
+        for name in ("prompt_ids", "response_ids"):
+            bad = next((i for i, t in enumerate(getattr(ledger, name)) if t < 0), None)
+            if bad is not None:
+                raise self._fail(f"{at}{name}[{bad}]", "negative token id")
+        for i, (m, lp, v) in enumerate(
+            zip(ledger.loss_mask, ledger.logprobs, ledger.token_versions, strict=True)
+        ):
+            if m not in (0, 1):
+                raise self._fail(f"{at}loss_mask[{i}]", f"{m} is not 0 or 1")
+            if m == 1:
+                if not math.isfinite(lp) or lp > 0.0:
+                    raise self._fail(
+                        f"{at}logprobs[{i}]", f"{lp} on a sampled token (must be finite and <= 0)"
+                    )
+                if v < 0:
+                    raise self._fail(
+                        f"{at}token_versions[{i}]", f"{v}: a sampled token needs its policy version"
+                    )
+            else:
+                if lp != 0.0:
+                    raise self._fail(
+                        f"{at}logprobs[{i}]", f"{lp} on a non-sampled token (must be 0.0)"
+                    )
+                if v != -1:
+                    raise self._fail(
+                        f"{at}token_versions[{i}]", f"{v} on a non-sampled token (must be -1)"
+                    )
+
+    def _check_turns(self, ledgers: list[Segment]) -> None:
+        at = (0, 0)  # (segment, end of the previous span in it)
         for k, turn in enumerate(self.turns):
             start, end = turn.span
-            if not prev_end <= start <= end <= n:
+            if turn.segment >= len(ledgers):
+                raise self._fail(
+                    f"turns[{k}].segment", f"{turn.segment}: the episode has {len(ledgers)}"
+                )
+            n = len(ledgers[turn.segment].response_ids)
+            prev_end = at[1] if turn.segment == at[0] else 0
+            if turn.segment < at[0] or not prev_end <= start <= end <= n:
                 raise self._fail(
                     f"turns[{k}].span",
-                    f"{turn.span} is out of order or outside response_ids (length {n})",
+                    f"{turn.span} in segment {turn.segment} is out of order or outside its "
+                    f"response_ids (length {n})",
                 )
+            mask = ledgers[turn.segment].loss_mask[start:end]
             # An infrastructure failure zeroes the mask on purpose; spans still say where.
-            if self.trainable and any(m != 1 for m in self.loss_mask[start:end]):
+            if self.trainable and any(m != 1 for m in mask):
                 raise self._fail(f"turns[{k}].span", f"{turn.span} covers non-sampled tokens")
-            prev_end = end
+            at = (turn.segment, end)
         if self.turn_rewards and len(self.turn_rewards) != len(self.turns):
             raise self._fail(
                 "turn_rewards", f"{len(self.turn_rewards)} rewards for {len(self.turns)} turns"

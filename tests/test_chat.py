@@ -190,24 +190,47 @@ def test_stop_on_a_non_template_token_keeps_it_as_content(tokenizer):
     assert session.add_sampled(ids, "stop") == "done 🤖"
 
 
-def test_template_that_drops_reasoning_is_detected(tokenizer):
+DROPS_REASONING = (  # like templates that strip <think> from earlier turns
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and not loop.last %}"
+    "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_history_continues_in_a_new_exact_segment(tokenizer):
     tok = copy.deepcopy(tokenizer)
-    # Like templates that strip <think> from earlier turns: history is rewritten.
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-        "{% if m['role'] == 'assistant' and not loop.last %}"
-        "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}"
-        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    tok.chat_template = DROPS_REASONING
     session = ChatSession(tok, [{"role": "user", "content": "hi"}])
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    session.add_sampled(
-        tok.encode("<think>hmm</think>answer", add_special_tokens=False) + [eos], "stop"
-    )
-    before = list(session.ids)
-    with pytest.raises(ChatTemplateError, match="not append-only"):
-        session.add_messages([{"role": "tool", "content": "x"}])
-    assert session.ids == before  # nothing was rewritten
+    first = tok.encode("<think>hmm</think>answer", add_special_tokens=False) + [eos]
+    session.add_sampled(first, "stop", logprobs=[-0.5] * len(first), versions=[3] * len(first))
+    before = (list(session.prompt_ids), list(session.response_ids))
+    assert session.add_messages([{"role": "tool", "content": "x"}]) == []
+    # The first segment is kept exactly as sampled; the second starts from the rewrite.
+    (old,) = session.segments
+    assert (old.prompt_ids, old.response_ids) == before
+    assert old.loss_mask == [1] * len(first) and old.logprobs == [-0.5] * len(first)
+    assert old.versions == [3] * len(first)
+    rewritten = session.render(session.messages, generation_prompt=True)
+    assert "hmm" not in rewritten and "answer" in rewritten
+    assert session.current.reason == "template"
+    assert session.prompt_ids == tok.encode(rewritten, add_special_tokens=False)
+    assert session.response_ids == []
+    second = tok.encode("<think>more</think>done", add_special_tokens=False) + [eos]
+    session.add_sampled(second, "stop")
+    assert session.response_ids == second and session.loss_mask == [1] * len(second)
+    assert session.ids == session.prompt_ids + second
+
+
+def test_a_prefix_stable_template_stays_one_segment(tokenizer):
+    session = ChatSession(tokenizer, [{"role": "user", "content": "hi"}])
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for word in ("one", "two", "three"):
+        session.add_sampled(tokenizer.encode(word, add_special_tokens=False) + [eos], "stop")
+        session.add_messages([{"role": "tool", "content": word.upper()}])
+    assert session.segments == [] and session.current.reason == "start"
+    assert session.ids == _whole(tokenizer, session.messages, generation_prompt=True)
 
 
 def test_two_assistant_turns_in_a_row_is_an_error(tokenizer):

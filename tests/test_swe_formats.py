@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from swe_fixtures import BUG, CALC, TESTS
+from swe_fixtures import build_image as _image
+from swe_fixtures import git_init as _git_init
+from swe_fixtures import remove_images as _remove
+from swe_fixtures import write_rows as _write
 
 from agentrl.check import check_task
 from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.sandbox.images import docker_client
 from agentrl.tasks.graders import Grade
 from agentrl.tasks.swe.grade import parse_r2e_log
 from agentrl.tasks.swe.images import image_names
@@ -61,12 +65,6 @@ R2E_ROW = {  # columns as the R2E-Gym-Subset card lists them (JSON strings where
         {"test_add": "PASSED", "TestCalc.test_sub": "PASSED", "test_known_bad": "FAILED"}
     ),
 }
-
-
-def _write(tmp_path: Path, rows: list[dict[str, Any]], name: str = "rows.jsonl") -> Path:
-    path = tmp_path / name
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_each_dataset_is_told_by_its_columns(tmp_path: Path) -> None:
@@ -114,55 +112,6 @@ def test_r2e_gym_log_parse_drops_the_file_and_the_message() -> None:
 
 
 # ---------------------------------------------------------------- Docker, layouts built here
-
-CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-BUG = (
-    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n"
-    "@@ -1,5 +1,5 @@\n def add(a, b):\n-    return a + b\n+    return a - b\n"
-    " \n \n def sub(a, b):\n"
-)
-TESTS = (
-    "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-    "class TestCalc:\n    def test_sub(self):\n        assert sub(3, 2) == 1\n\n\n"
-    "def test_known_bad():\n    assert False\n"
-)
-
-
-def _image(tmp_path: Path, tag: str, files: dict[str, str], run: str) -> str:
-    """An image FROM the base with `files` and `run` (a shell line) in /testbed."""
-    context = tmp_path / tag.replace("/", "_").replace(":", "_")
-    for name, text in files.items():
-        (context / "files" / name).parent.mkdir(parents=True, exist_ok=True)
-        (context / "files" / name).write_text(text)
-    (context / "Dockerfile").write_text(
-        "FROM agentrl/base:bookworm\nCOPY files /testbed\nWORKDIR /testbed\n"
-        f'RUN ["bash", "-c", {json.dumps(run)}]\n'
-    )
-    client = docker_client()
-    try:
-        client.images.build(path=str(context), tag=tag, rm=True, network_mode="none")
-    finally:
-        client.close()
-    return tag
-
-
-def _git_init() -> str:
-    return (
-        "git init -q -b main && git add -A && git -c user.name=u -c user.email=u@u "
-        "commit -qm 'Initial commit'"
-    )
-
-
-def _remove(*tags: str) -> None:
-    """Remove images by repository name, children before their parents."""
-    client = docker_client()
-    try:
-        for name in tags:
-            for image in client.images.list(name=name):
-                for tag in image.tags:  # untag: layers a failed build left stay dangling
-                    client.images.remove(tag)
-    finally:
-        client.close()
 
 
 @pytest.mark.docker

@@ -1,8 +1,11 @@
 """The trainer seam: samples in, gradients accumulated, weights out to the samplers.
 
-A `Sample` is one trajectory flattened for a learner: `prompt_ids + response_ids` as
-`tokens`, with the loss mask, the sampler's logprobs and the advantage aligned to them.
-It holds tokens only, never text, so the learner scores exactly what the sampler sampled.
+A `Sample` is one token ledger of a trajectory (its first, or one of its segments)
+flattened for a learner: `prompt_ids + response_ids` as `tokens`, with the loss mask,
+the sampler's logprobs and the episode's advantage aligned to them. It holds tokens
+only, never text, so the learner scores exactly what the sampler sampled. A segmented
+episode is several samples with one advantage; each is a sequence for the loss's
+seq-mean aggregations.
 The checkpoint layout every backend shares lives in `agentrl.backends.checkpoint`.
 """
 
@@ -30,6 +33,7 @@ class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     trajectory_id: str
+    segment: int = Field(default=0, ge=0, description="which ledger of the trajectory")
     tokens: list[int] = Field(description="prompt_ids + response_ids, verbatim")
     loss_mask: list[int] = Field(description="1 where the sampler produced that token")
     sampler_logprobs: list[float] = Field(description="sampler logprob of each token, 0.0 off-mask")
@@ -38,6 +42,7 @@ class Sample(BaseModel):
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
         where = f"sample {self.trajectory_id!r}"
+        where += f" segment {self.segment}" if self.segment else ""
         n = len(self.tokens)
         if n == 0:
             raise ValueError(f"{where}: no tokens")
@@ -65,7 +70,8 @@ class Sample(BaseModel):
 def samples_from(
     trajectories: Iterable[Trajectory], advantages: Mapping[str, float]
 ) -> list[Sample]:
-    """Flatten checked trajectories into samples; those with no sampled token are skipped.
+    """Flatten checked trajectories into samples, one per ledger (segment) with a
+    sampled token, each carrying its episode's advantage.
 
     Infrastructure failures carry a zero loss mask, so they never reach a learner.
     """
@@ -76,16 +82,20 @@ def samples_from(
             continue
         if t.trajectory_id not in advantages:
             raise TrajectoryError(f"trajectory {t.trajectory_id!r}: no advantage computed for it")
-        pad = len(t.prompt_ids)
-        samples.append(
-            Sample(
-                trajectory_id=t.trajectory_id,
-                tokens=t.prompt_ids + t.response_ids,
-                loss_mask=[0] * pad + t.loss_mask,
-                sampler_logprobs=[0.0] * pad + t.logprobs,
-                advantage=advantages[t.trajectory_id],
+        for k, ledger in enumerate(t.ledgers()):
+            if not any(ledger.loss_mask):
+                continue
+            pad = len(ledger.prompt_ids)
+            samples.append(
+                Sample(
+                    trajectory_id=t.trajectory_id,
+                    segment=k,
+                    tokens=ledger.prompt_ids + ledger.response_ids,
+                    loss_mask=[0] * pad + ledger.loss_mask,
+                    sampler_logprobs=[0.0] * pad + ledger.logprobs,
+                    advantage=advantages[t.trajectory_id],
+                )
             )
-        )
     return samples
 
 

@@ -38,6 +38,7 @@ def train(args: argparse.Namespace) -> int:
         ) from None
     base = args.config.parent
     tasks = [load_any(base / t) for t in config.tasks]
+    eval_tasks = [load_any(base / t) for t in config.eval.tasks]
     out = args.out or Path("runs") / config.name
     if out.exists() and any(out.iterdir()) and not args.resume and not args.overwrite:
         raise ConfigError(
@@ -46,7 +47,7 @@ def train(args: argparse.Namespace) -> int:
         )
     from agentrl.train import Trainer
 
-    trainer = Trainer(config, tasks, out)
+    trainer = Trainer(config, tasks, out, eval_tasks=eval_tasks)
     summary = asyncio.run(trainer.run(resume=args.resume))
     if not summary:  # a torchrun rank other than 0: rank 0 reports
         return 0

@@ -82,7 +82,7 @@ class PipelineDispatcher:
             def slot() -> AbstractAsyncContextManager[None]:
                 if cfg.slot_order == "fifo":
                     return slots.hold((0, 0))  # ties go in request order
-                return slots.hold((len(ep.ledger.turns), admitted[ep.trajectory_id]))
+                return slots.hold((len(ep.turns), admitted[ep.trajectory_id]))
 
             return run.gate(slot)
 

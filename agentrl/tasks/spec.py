@@ -66,6 +66,10 @@ class PromptConfig(_Model):
         " prompt), or, as in mini-SWE-agent, one ```bash code block per reply that runs in"
         " the bash tool (no schemas: the system prompt explains the format)",
     )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra variables for the model's chat template, e.g. {enable_thinking: false}",
+    )
 
 
 class ToolConfig(_Model):
@@ -182,6 +186,44 @@ class SnapshotPolicy(_Model):
     )
 
 
+DEFAULT_SUMMARY_PROMPT = (
+    "The conversation is about to exceed the context window. Summarize what you have done "
+    "and learned so far (commands run, files changed, what remains), so that you can "
+    "continue from your summary alone. Reply with the summary only, no tool call."
+)
+
+
+class ContextPolicy(_Model):
+    """How a long episode keeps within the context window. Each change of history
+    (dropping turns, a summary) continues the episode in a new trajectory segment."""
+
+    observation_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        description="an observation longer than this many tokens keeps its head and tail "
+        "(half each) and says how many tokens were cut between them",
+    )
+    history: Literal["keep", "drop_oldest", "summarize"] = Field(
+        default="keep",
+        description="when the next turn would pass budget_tokens: keep everything (the "
+        "episode ends context_limit when it is full), drop the oldest turns, or ask the "
+        "policy for a summary that replaces them",
+    )
+    budget_tokens: int | None = Field(
+        default=None,
+        ge=64,
+        description="prompt tokens + max_new_tokens above which history is dropped or "
+        "summarized (default: limits.context_length)",
+    )
+    keep_turns: int = Field(
+        default=1, ge=0, description="the most recent turns drop_oldest never drops"
+    )
+    summary_prompt: str = Field(
+        default=DEFAULT_SUMMARY_PROMPT, description="what the policy is asked to summarize"
+    )
+    summary_tokens: int = Field(default=256, ge=1, description="max tokens of the summary")
+
+
 def _default_tools() -> list[str | ToolConfig]:
     return ["bash", "str_replace_editor", "finish"]
 
@@ -198,6 +240,7 @@ class TaskSpec(_Model):
     prompt: PromptConfig
     tools: list[str | ToolConfig] = Field(default_factory=lambda: _default_tools())
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    context: ContextPolicy = Field(default_factory=ContextPolicy)
     grader: Grader
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     snapshots: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
@@ -206,6 +249,16 @@ class TaskSpec(_Model):
         description="the reference solution: shell commands (with {field} placeholders) that "
         "solve an instance when run in its sandbox after INIT; `agentrl check` runs them",
     )
+
+    @model_validator(mode="after")
+    def _context_fits(self) -> TaskSpec:
+        budget = self.context.budget_tokens
+        if budget is not None and budget > self.limits.context_length:
+            raise ValueError(
+                f"context.budget_tokens ({budget}) is above limits.context_length "
+                f"({self.limits.context_length})"
+            )
+        return self
 
     def tool_configs(self) -> list[ToolConfig]:
         return [ToolConfig(name=t) if isinstance(t, str) else t for t in self.tools]

@@ -1,6 +1,7 @@
 """What a run trains on: the prompts (train and held out), their order, their temperature.
 
-Each instance of each task is a prompt; every `eval.holdout_every`-th one is held out.
+Each instance of each task is a prompt; every `eval.holdout_every`-th one is held out,
+or, when the config names `eval.tasks`, every instance of those and none of the others.
 The training prompts are taken epoch after epoch, each epoch a permutation seeded by
 (seed, epoch), so the order is a function of the seed and the position alone: a resumed
 run takes exactly the prompts an uninterrupted one would.
@@ -29,13 +30,19 @@ class Prompt:
         return f"{self.task}:{self.instance.id}"
 
 
-def split(tasks: Sequence[Task], holdout_every: int) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, eval): every `holdout_every`-th instance of each task (from the first) is eval."""
+def split(
+    tasks: Sequence[Task], holdout_every: int, held_tasks: int = 0
+) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval): the last `held_tasks` tasks (eval.tasks) are eval whole and the others
+    train whole; without them every `holdout_every`-th instance of each task (from the
+    first) is eval."""
     train: list[Prompt] = []
     held: list[Prompt] = []
+    first_held = len(tasks) - held_tasks
     for t, task in enumerate(tasks):
         for i, inst in enumerate(task.instances):
-            (held if i % holdout_every == 0 else train).append(Prompt(t, inst))
+            is_held = t >= first_held if held_tasks else i % holdout_every == 0
+            (held if is_held else train).append(Prompt(t, inst))
     return train, held
 
 

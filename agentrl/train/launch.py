@@ -51,7 +51,7 @@ class Trainer:
     """One training run of `config` writing into `out_dir`.
 
     `sampler` replaces the one the config names (tests and benchmarks pass a simulated
-    one); the trainer closes it.
+    one); the trainer closes it. `eval_tasks` are the loaded `eval.tasks`, in order.
     """
 
     def __init__(
@@ -62,15 +62,22 @@ class Trainer:
         *,
         show_progress: bool = True,
         sampler: TrainSampler | None = None,
+        eval_tasks: Sequence[Task] = (),
     ) -> None:
         self.config, self.out = config, out_dir
-        self.tasks = [at_temperature(t, config.temperature) for t in tasks]
+        if len(eval_tasks) != len(config.eval.tasks):
+            raise ValueError(
+                f"eval_tasks: {len(eval_tasks)} loaded, eval.tasks names {len(config.eval.tasks)}"
+            )
+        # held-out tasks (eval.tasks) come last: their prompts index into the same list
+        self.tasks = [at_temperature(t, config.temperature) for t in [*tasks, *eval_tasks]]
         self.show_progress = show_progress
-        self.train, self.held = split(self.tasks, config.eval.holdout_every)
+        self.train, self.held = split(self.tasks, config.eval.holdout_every, len(eval_tasks))
         if not self.train or not self.held:
             raise ConfigError(
                 f"{len(self.train)} training and {len(self.held)} held-out instances",
-                fix="give the tasks more instances, or change eval.holdout_every",
+                fix="give the tasks more instances, or change eval.holdout_every "
+                "(or name held-out task files in eval.tasks)",
             )
         sched = config.schedule
         if isinstance(sched, AsyncSchedule) and len(self.train) < sched.prompts_per_step:

@@ -13,7 +13,7 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -62,7 +62,14 @@ class BatchMetrics(BaseModel):
     infra_fix: str | None = None
     stop_reasons: dict[str, int]
     sampled_tokens: int
-    total_tokens: int
+    total_tokens: int = Field(description="prompt + response tokens over every segment")
+    turns_mean: float = Field(default=float("nan"), description="action turns per episode")
+    tool_calls_mean: float = Field(
+        default=float("nan"), description="turns per episode whose reply held a tool call"
+    )
+    segments: int = Field(
+        default=0, description="segments beyond each episode's first (history was rewritten)"
+    )
 
 
 def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
@@ -80,8 +87,23 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
         infra_fix=infra[0].fix if infra else None,
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
         sampled_tokens=sum(t.num_sampled for t in trajs),
-        total_tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs),
+        total_tokens=sum(
+            len(ledger.prompt_ids) + len(ledger.response_ids)
+            for t in trajs
+            for ledger in t.ledgers()
+        ),
+        turns_mean=_per_episode(trajs, lambda t: sum(u.kind == "action" for u in t.turns)),
+        tool_calls_mean=_per_episode(
+            trajs, lambda t: sum(u.tool_call is not None for u in t.turns)
+        ),
+        segments=sum(len(t.segments) for t in trajs),
     )
+
+
+def _per_episode(trajs: Sequence[Trajectory], count: Callable[[Trajectory], int]) -> float:
+    """The mean of `count` over the episodes that were the agent's (nan: none)."""
+    mine = [count(t) for t in trajs if t.trainable]
+    return statistics.fmean(mine) if mine else float("nan")
 
 
 class EvalRecord(BatchMetrics):
@@ -103,6 +125,10 @@ class TrainRecord(BatchMetrics):
     step: int
     prompts: list[str] = Field(description="prompt ids, `<task>:<instance>`")
     zero_variance_groups: int
+    overlong_masked: int = Field(
+        default=0, description="context_limit episodes not trained on (algorithm.overlong)"
+    )
+    samples: int = Field(default=0, description="ledgers trained on (segments count apart)")
     policy_version: int = Field(description="the sampler's version after the step")
     skipped: float | str | None = Field(
         default=None, description="why no update was made (or the backend's 0.0 / 1.0)"

@@ -119,8 +119,13 @@ class TrainRun:
         thread; returns the step's fields of its TrainRecord."""
         cfg, backend, sampler = self.config, self.backend, self.sampler
         advantages = compute_advantages(trajs, cfg.algorithm.advantage)
-        samples = samples_from(trajs, advantages)
-        row: dict[str, Any] = {"zero_variance_groups": group_stats(trajs).zero_variance_groups}
+        trained = [t for t in trajs if cfg.algorithm.trains_on(t)]
+        samples = samples_from(trained, advantages)
+        row: dict[str, Any] = {
+            "zero_variance_groups": group_stats(trajs).zero_variance_groups,
+            "overlong_masked": len(trajs) - len(trained),
+            "samples": len(samples),
+        }
         supervised = cfg.algorithm.loss.type == "cross_entropy"  # advantages unused
         t1 = time.monotonic()
         if samples and (supervised or any(s.advantage != 0.0 for s in samples)):

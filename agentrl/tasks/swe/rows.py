@@ -17,6 +17,7 @@ from agentrl.errors import ConfigError, GraderError
 from agentrl.sandbox.base import Sandbox
 from agentrl.tasks.graders import listed_tests
 from agentrl.tasks.spec import (
+    ContextPolicy,
     EpisodeLimits,
     Instance,
     PromptConfig,
@@ -152,6 +153,11 @@ def load_swe_bench(path: Path | str, *, ids: list[str] | None = None) -> Task:
         ),
         limits=EpisodeLimits(
             max_turns=50, max_new_tokens=2048, context_length=32768, tool_timeout=120.0
+        ),
+        # Long episodes stay in 32k: long outputs keep their head and tail; past 28k
+        # tokens the policy summarizes its work and continues in a new segment.
+        context=ContextPolicy(
+            observation_tokens=2048, history="summarize", budget_tokens=28000, keep_turns=2
         ),
         # Graded by SweBenchEnv.grade (a fresh container per grade); this is never called.
         grader=PythonGrader(

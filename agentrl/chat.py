@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentrl.chat_formats import assistant_message, family, observation_message, template_tools
 from agentrl.errors import ChatTemplateError
 from agentrl.trajectory import SegmentReason
 
@@ -110,8 +111,9 @@ class ChatSession:
                 fix="use an instruct/chat model, or set tokenizer.chat_template",
             )
         self.template_kwargs = dict(template_kwargs or {})
+        self.family = family(template)  # how replies and observations become messages
         self._template_tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
-            [dict(t) for t in tools] if tools and "tools" in template else None
+            list(template_tools(tools)) if tools and "tools" in template else None
         )
         self.messages: list[Message] = [dict(m) for m in messages]
         if tools and self._template_tools is None:
@@ -199,7 +201,7 @@ class ChatSession:
             # last token, say): it is content, decoded with the rest.
             content = self.decode(ids)
             closing, stop_text = self._closing(content), ""
-        self.messages.append({"role": "assistant", "content": content})
+        self.messages.append(assistant_message(self.family, content))
         self.current.append(ids, sampled=True, logprobs=logprobs, versions=versions)
         self.covered += content + stop_text
         self._pending = closing[len(stop_text) :]
@@ -215,6 +217,11 @@ class ChatSession:
             return self._append_template_text(full[len(self.covered) :])
         self._begin(full, "template")
         return []
+
+    def observation(self, text: str, tool_name: str | None = None) -> Message:
+        """A tool's output as the message this model family's template takes (a tool
+        message naming the tool; a user message where the family wants one)."""
+        return observation_message(self.family, text, tool_name)
 
     def restart(self, messages: Sequence[Message], reason: SegmentReason) -> None:
         """Continue in a new segment whose prompt renders `messages` (a context manager
@@ -239,10 +246,12 @@ class ChatSession:
         assistant's reply (e.g. `<|im_end|>\\n`). A template that does not render the
         reply verbatim after the current ids (it trims it, drops its reasoning) is asked
         with a placeholder reply; the next observation then starts a new segment."""
-        rendered = self.render([*self.messages, _reply(content)], generation_prompt=False)
+        reply = assistant_message(self.family, content)
+        rendered = self.render([*self.messages, reply], generation_prompt=False)
         if rendered.startswith(self.covered + content):
             return rendered[len(self.covered) + len(content) :]
-        rendered = self.render([*self.messages, _reply(_PLACEHOLDER)], generation_prompt=False)
+        placeholder = {"role": "assistant", "content": _PLACEHOLDER}
+        rendered = self.render([*self.messages, placeholder], generation_prompt=False)
         at = rendered.rfind(_PLACEHOLDER)
         return rendered[at + len(_PLACEHOLDER) :] if at >= 0 else ""
 
@@ -252,10 +261,6 @@ class ChatSession:
         self.covered += text
         self._pending = ""
         return ids
-
-
-def _reply(content: str) -> Message:
-    return {"role": "assistant", "content": content}
 
 
 def _with_tool_block(messages: list[Message], block: str) -> list[Message]:

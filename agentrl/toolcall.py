@@ -1,7 +1,12 @@
 """Finding the tool call in an assistant's text, and making it (`act`).
 
-Two formats are understood, because models are trained on both:
-- Hermes: `<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>`
+The formats the model families agents are trained from emit are understood:
+- Hermes (Qwen2.5, Qwen3, SmolLM2):
+  `<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>`
+- Llama 3.x JSON: the reply is `{"name": "bash", "parameters": {"command": "ls"}}`,
+  optionally after `<|python_tag|>`
+- harmony (gpt-oss): a commentary message to `functions.NAME`,
+  `<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{...}<|call|>`
 - XML-ish (OpenHands / SWE-agent style):
   `<function=bash><parameter=command>ls</parameter></function>`
 
@@ -21,6 +26,7 @@ import re
 import time
 from typing import Any
 
+from agentrl.chat_formats import harmony_messages
 from agentrl.sandbox.base import Sandbox
 from agentrl.tools.base import Observation, Tool
 from agentrl.trajectory import ToolCall, Turn
@@ -28,6 +34,9 @@ from agentrl.trajectory import ToolCall, Turn
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.DOTALL)
+# A Llama 3 call: the reply (or what follows <|python_tag|>) is a JSON object naming a tool.
+_LLAMA_JSON = re.compile(r'\A\s*(?:<\|python_tag\|>\s*)?(?=\{\s*"name")|<\|python_tag\|>\s*')
+_HARMONY_CALL = re.compile(r"to=functions\.")
 _FENCED = re.compile(r"```([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _SHELLS = ("", "bash", "sh", "shell")
 
@@ -46,13 +55,53 @@ class ToolCallError(Exception):
 
 def parse_tool_call(text: str) -> ToolCall | None:
     """The first tool call in `text`; None if it has none; ToolCallError if it is broken."""
-    hermes = _HERMES.search(text)
-    function = _FUNCTION.search(text)
-    if hermes and (not function or hermes.start() < function.start()):
-        return _from_json(hermes.group(1))
-    if function:
-        arguments = {k: _strip_one_newline(v) for k, v in _PARAMETER.findall(function.group(2))}
-        return ToolCall(name=function.group(1), arguments=arguments)
+    found = [
+        (m, parse)
+        for m, parse in (
+            (_HERMES.search(text), _hermes),
+            (_FUNCTION.search(text), _function),
+            (_LLAMA_JSON.search(text), _llama_json),
+            (_HARMONY_CALL.search(text), _harmony),
+        )
+        if m is not None
+    ]
+    for match, parse in sorted(found, key=lambda f: f[0].start()):
+        call = parse(text, match)
+        if call is not None:
+            return call
+    return None
+
+
+def _hermes(text: str, match: re.Match[str]) -> ToolCall:
+    return _from_data(_json(match.group(1), "the text inside <tool_call>"))
+
+
+def _function(text: str, match: re.Match[str]) -> ToolCall:
+    arguments = {k: _strip_one_newline(v) for k, v in _PARAMETER.findall(match.group(2))}
+    return ToolCall(name=match.group(1), arguments=arguments)
+
+
+def _llama_json(text: str, match: re.Match[str]) -> ToolCall:
+    """`{"name": ..., "parameters": {...}}` where the match ends (Llama 3.2 may chain
+    calls with `;`: the first counts)."""
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text, match.end())
+    except json.JSONDecodeError as e:
+        raise ToolCallError(
+            f"the tool call is not valid JSON ({e.msg} at character {e.pos - match.end()}). "
+            + FORMAT_HINT
+        ) from e
+    return _from_data(data)
+
+
+def _harmony(text: str, match: re.Match[str]) -> ToolCall | None:
+    """The first harmony message addressed to `functions.NAME` (None when `to=functions.`
+    is only mentioned in text, not a message header)."""
+    for message in harmony_messages(text):
+        if message.recipient and message.recipient.startswith("functions."):
+            arguments = _json(message.body.strip() or "{}", "the call's <|message|>")
+            name = message.recipient.removeprefix("functions.")
+            return _from_data({"name": name, "arguments": arguments})
     return None
 
 
@@ -68,14 +117,16 @@ def parse_bash_block(text: str) -> ToolCall | None:
     return ToolCall(name="bash", arguments={"command": command})
 
 
-def _from_json(body: str) -> ToolCall:
+def _json(body: str, where: str) -> Any:
     try:
-        data = json.loads(body)
+        return json.loads(body)
     except json.JSONDecodeError as e:
         raise ToolCallError(
-            f"the text inside <tool_call> is not valid JSON ({e.msg} at character {e.pos}). "
-            + FORMAT_HINT
+            f"{where} is not valid JSON ({e.msg} at character {e.pos}). " + FORMAT_HINT
         ) from e
+
+
+def _from_data(data: Any) -> ToolCall:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ToolCallError('a tool call needs a "name" string. ' + FORMAT_HINT)
     arguments: Any = data.get("arguments", data.get("parameters", {}))

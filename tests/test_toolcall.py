@@ -140,3 +140,56 @@ def test_the_args_model_is_the_check_of_a_call() -> None:
         "tool: `path` must be a string, got int; unknown mode 'delete'; use one of: read or "
         "write; unknown argument(s) colour; it accepts: path, lines, mode"
     )
+
+
+# Calls as the families document their models writing them: Llama 3.1's model card
+# (JSON-based tool calling), Llama 3.x with <|python_tag|>, and OpenAI's harmony guide
+# for gpt-oss (the recipient in the channel header as the model writes it, or before it
+# as the published template renders history).
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
+        '"unit": "Fahrenheit"}}',
+        '<|python_tag|>{"name": "get_current_conditions", "parameters": {"location": '
+        '"San Francisco, CA", "unit": "Fahrenheit"}}<|eom_id|>',
+        '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
+        '"unit": "Fahrenheit"}}; {"name": "other", "parameters": {}}',
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+        "<|channel|>commentary to=functions.get_current_conditions <|constrain|>json"
+        '<|message|>{"location":"San Francisco, CA","unit":"Fahrenheit"}<|call|>',
+        "<|start|>assistant to=functions.get_current_conditions<|channel|>commentary json"
+        '<|message|>{"location": "San Francisco, CA", "unit": "Fahrenheit"}<|call|>',
+    ],
+)
+def test_llama3_json_and_harmony_calls(text: str) -> None:
+    call = parse_tool_call(text)
+    assert call is not None and call.name == "get_current_conditions"
+    assert call.arguments == {"location": "San Francisco, CA", "unit": "Fahrenheit"}
+
+
+def test_json_and_channels_that_are_not_calls() -> None:
+    assert parse_tool_call('{"key": "value"}') is None  # JSON without a tool name
+    assert parse_tool_call('The call looks like {"name": "bash", "parameters": {}}.') is None
+    assert parse_tool_call("<|channel|>final<|message|>Use to=functions.bash next time.") is None
+    analysis_then_final = (
+        "<|channel|>analysis<|message|>No tool needed.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>42<|return|>"
+    )
+    assert parse_tool_call(analysis_then_final) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"name": "bash", "parameters": {"command": "ls"', "not valid JSON"),
+        ('<|python_tag|>{"name": "bash", "parameters": [1]}', "must be a JSON object"),
+        (
+            "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{oops}<|call|>",
+            "not valid JSON",
+        ),
+    ],
+)
+def test_broken_llama3_and_harmony_calls_explain_the_format(text: str, words: str) -> None:
+    with pytest.raises(ToolCallError, match=words):
+        parse_tool_call(text)

@@ -1,0 +1,334 @@
+"""Published chat templates of the families agents are trained from, token-exact.
+
+Each family's template (tests/corpus/templates/, provenance and sha256 in
+tests/corpus-templates.json; restore with tests/restore_templates.py) is set on the
+embedded SmolLM2 tokenizer with the family's markers added as tokens, so every marker
+is one token as in the family's own tokenizer. A scripted 3-turn episode (two tool calls
+in the family's documented format, then an answer; sampled ids = the reply's encoding +
+the family's end-of-turn token) runs through `ChatSession`, and:
+
+1. every segment's prompt is the template's rendering of the conversation so far with
+   the generation prompt, as text and as ids;
+2. the sampled ids sit verbatim under mask 1, everything else under mask 0;
+3. a prefix-stable template keeps one segment whose ids are the whole conversation
+   rendered at once (text and ids);
+4. a template that rewrites history gets the segments counted in CASES — found by
+   running the published templates, not assumed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Regex, pre_tokenizers
+
+from agentrl.chat import ChatSession
+from agentrl.chat_formats import (
+    FAMILIES,
+    assistant_message,
+    family,
+    observation_message,
+    template_tools,
+)
+from agentrl.inference.embedded import load_tokenizer
+from agentrl.toolcall import parse_tool_call
+
+pytestmark = pytest.mark.model
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+MANIFEST = json.loads((HERE / "corpus-templates.json").read_text())
+ENTRIES = {Path(e["local_path"]).stem: e for e in MANIFEST["templates"]}
+needs_templates = pytest.mark.skipif(
+    not all((CORPUS / e["local_path"]).is_file() for e in ENTRIES.values()),
+    reason="no published templates in tests/corpus/templates (run tests/restore_templates.py)",
+)
+
+TOOLS = template_tools(
+    [
+        {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "the command"}},
+                "required": ["command"],
+            },
+        }
+    ]
+)
+START = [
+    {"role": "system", "content": "You are an agent in a Linux sandbox."},
+    {"role": "user", "content": "What does notes.txt say?"},
+]
+OBSERVATIONS = ["notes.txt\nsetup.py", "hello from the notes"]
+
+# Replies as each family documents its models writing them.
+HERMES = [
+    'I will list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}'
+    "\n</tool_call>",
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "cat notes.txt"}}\n</tool_call>',
+    "The file says: hello from the notes.",
+]
+QWEN3_THINKING = [
+    "<think>\nI should look at the files first.\n</think>\n\n" + HERMES[0],
+    "<think>\nnotes.txt is there; read it.\n</think>\n\n" + HERMES[1],
+    "<think>\nThe tool printed the note.\n</think>\n\n" + HERMES[2],
+]
+LLAMA3 = [
+    '{"name": "bash", "parameters": {"command": "ls"}}',
+    '<|python_tag|>{"name": "bash", "parameters": {"command": "cat notes.txt"}}',
+    "The file says: hello from the notes.",
+]
+R1 = [  # after the generation prompt's "<think>\n"
+    "The user wants a file read; list first.\n</think>\n\n" + HERMES[0],
+    "Now read it.\n</think>\n\n" + HERMES[1],
+    "I have the note.\n</think>\n\n" + HERMES[2],
+]
+HARMONY = [  # after the generation prompt "<|start|>assistant"
+    "<|channel|>analysis<|message|>I should list the files.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json"
+    '<|message|>{"command":"ls"}',
+    "<|channel|>analysis<|message|>Read notes.txt.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json"
+    '<|message|>{"command":"cat notes.txt"}',
+    "<|channel|>analysis<|message|>The note is printed.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>The file says: hello from the notes.",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    template: str
+    family: str
+    replies: list[str]
+    ends: list[str]  # the end-of-turn token each reply was sampled with
+    segments: int
+    observe_as: str = "tool"  # "user": observations arrive as user messages
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+QWEN25 = "Qwen-Qwen2.5-7B-Instruct"
+QWEN25_CODER = "Qwen-Qwen2.5-Coder-7B-Instruct"
+QWEN3 = "Qwen-Qwen3-0.6B"
+R1_DISTILL = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
+GPT_OSS = "openai-gpt-oss-120b"
+IM_END = ["<|im_end|>"] * 3
+EOT = ["<|eot_id|>"] * 3
+CASES = {
+    "qwen2.5-instruct": Case(QWEN25, "qwen2.5", HERMES, IM_END, segments=1),
+    "qwen2.5-coder": Case(QWEN25_CODER, "qwen2.5", HERMES, IM_END, segments=1),
+    "qwen3-thinking-tool-obs": Case(QWEN3, "qwen3", QWEN3_THINKING, IM_END, segments=1),
+    "qwen3-thinking-user-obs": Case(
+        QWEN3, "qwen3", QWEN3_THINKING, IM_END, segments=3, observe_as="user"
+    ),
+    "qwen3-no-thinking-tool-obs": Case(
+        QWEN3, "qwen3", HERMES, IM_END, segments=3, kwargs={"enable_thinking": False}
+    ),
+    "qwen3-no-thinking-user-obs": Case(
+        QWEN3,
+        "qwen3",
+        HERMES,
+        IM_END,
+        segments=3,
+        observe_as="user",
+        kwargs={"enable_thinking": False},
+    ),
+    "llama-3.1": Case("meta-llama-Llama-3.1-8B-Instruct", "llama3", LLAMA3, EOT, segments=1),
+    "llama-3.2": Case("meta-llama-Llama-3.2-3B-Instruct", "llama3", LLAMA3, EOT, segments=1),
+    "llama-3.3": Case("meta-llama-Llama-3.3-70B-Instruct", "llama3", LLAMA3, EOT, segments=1),
+    "deepseek-r1-distill": Case(
+        R1_DISTILL, "deepseek_r1", R1, ["<｜end▁of▁sentence｜>"] * 3, segments=3
+    ),
+    # Needs ChatSession to build replies with chat_formats.assistant_message: the template
+    # raises on channel markup in `content`. Segments: the template re-renders a call's
+    # header as `<|start|>assistant to=functions.bash<|channel|>commentary json` with the
+    # arguments re-serialized, not as sampled.
+    "gpt-oss": Case(GPT_OSS, "harmony", HARMONY, ["<|call|>", "<|call|>", "<|return|>"], 3),
+}
+
+
+# Llama 3's pre-tokenizer split (its tokenizer.json): a run of newlines is one piece
+# whatever follows, where SmolLM2's GPT-2 split parts "\n\n{" as "\n" + "\n{". Set on the
+# SmolLM2 tokenizer for the llama3 cases, so a prompt ending in the generation prompt's
+# "\n\n" tokenizes as it does inside the whole conversation, as with Llama 3's own.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_tokenizer()
+
+
+def family_tokenizer(base: Any, name: str) -> Any:
+    """The SmolLM2 tokenizer speaking a family's template: its markers one token each."""
+    entry = ENTRIES[name]
+    tokens = entry["tokens"]
+    tok = copy.deepcopy(base)
+    special = [AddedToken(t, special=True, normalized=False) for t in tokens["special"]]
+    tok.add_tokens(special, special_tokens=True)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens["plain"]])
+    for role in ("bos_token", "eos_token"):
+        if role in tokens:
+            tok.add_special_tokens({role: tokens[role]})
+    tok.chat_template = (CORPUS / entry["local_path"]).read_text(encoding="utf-8")
+    if entry["family"] == "llama3":
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return tok
+
+
+def render(tok: Any, messages: list[dict], case: Case, *, generation_prompt: bool) -> str:
+    return tok.apply_chat_template(
+        messages,
+        tools=TOOLS,
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
+        **case.kwargs,
+    )
+
+
+def encode(tok: Any, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def sampled_runs(segment: Any) -> list[list[int]]:
+    """The stretches of a segment's response under mask 1."""
+    runs: list[list[int]] = []
+    for i, (token, mask) in enumerate(zip(segment.response_ids, segment.loss_mask, strict=True)):
+        if mask and (i == 0 or not segment.loss_mask[i - 1]):
+            runs.append([])
+        if mask:
+            runs[-1].append(token)
+    return runs
+
+
+@needs_templates
+def test_the_templates_are_the_published_ones() -> None:
+    for entry in ENTRIES.values():
+        data = (CORPUS / entry["local_path"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry["local_path"]
+
+
+@needs_templates
+def test_the_family_is_read_off_the_template(smollm2) -> None:
+    for name, entry in ENTRIES.items():
+        assert (
+            family((CORPUS / entry["local_path"]).read_text(encoding="utf-8")) == (entry["family"])
+        ), name
+    assert family(smollm2.chat_template) == "chatml"
+    assert family("{{ messages }}") == "generic"
+
+
+@needs_templates
+def test_each_marker_is_one_token(smollm2) -> None:
+    for name, entry in ENTRIES.items():
+        tok = family_tokenizer(smollm2, name)
+        for marker in entry["tokens"]["special"] + entry["tokens"]["plain"]:
+            assert len(encode(tok, f"a{marker}b")) == 3, (name, marker)
+
+
+@needs_templates
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_a_three_turn_episode_is_token_exact(smollm2, case_name: str) -> None:
+    case = CASES[case_name]
+    tok = family_tokenizer(smollm2, case.template)
+    fam = family(tok.chat_template)
+    assert fam == case.family
+    session = ChatSession(tok, START, TOOLS, template_kwargs=case.kwargs)
+    # The session puts tool schemas into the system prompt of a template that takes none.
+    history = [dict(m) for m in session.messages]
+    prompts = [render(tok, history, case, generation_prompt=True)]
+    expected_runs: list[list[list[int]]] = [[]]
+    for turn, (reply, end) in enumerate(zip(case.replies, case.ends, strict=True)):
+        assert end in FAMILIES[fam].end_of_turn
+        sampled = [*encode(tok, reply), tok.convert_tokens_to_ids(end)]
+        session.add_sampled(sampled, "stop")
+        expected_runs[-1].append(sampled)
+        history.append(assistant_message(fam, reply))
+        if turn < 2:
+            call = parse_tool_call(reply)
+            assert call is not None and call.name == "bash", reply
+            text = OBSERVATIONS[turn]
+            obs = (
+                {"role": "user", "content": text}
+                if case.observe_as == "user"
+                else observation_message(fam, text, call.name)
+            )
+            history.append(obs)
+            before = len(session.segments)
+            delta = session.add_messages([obs])
+            if len(session.segments) > before:  # a new segment: its prompt is the rendering
+                assert delta == []
+                prompts.append(render(tok, history, case, generation_prompt=True))
+                expected_runs.append([])
+        else:
+            assert parse_tool_call(reply) is None
+    session.close_turn()
+
+    segments = session.all_segments
+    assert len(segments) == case.segments, [s.reason for s in segments]
+    for segment, prompt, runs in zip(segments, prompts, expected_runs, strict=True):
+        assert tok.decode(segment.prompt_ids, skip_special_tokens=False) == prompt
+        assert segment.prompt_ids == encode(tok, prompt)
+        assert sampled_runs(segment) == runs
+        assert sum(segment.loss_mask) == sum(len(r) for r in runs)
+    assert [s.reason for s in segments[1:]] == ["template"] * (case.segments - 1)
+    if case.segments == 1:
+        whole = render(tok, history, case, generation_prompt=False)
+        assert tok.decode(session.ids, skip_special_tokens=False) == whole
+        assert session.ids == encode(tok, whole)
+
+
+def test_a_harmony_reply_becomes_the_message_its_template_takes() -> None:
+    assert assistant_message("harmony", HARMONY[0]) == {
+        "role": "assistant",
+        "thinking": "I should list the files.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}
+        ],
+    }
+    assert assistant_message("harmony", HARMONY[2] + "<|return|>") == {
+        "role": "assistant",
+        "thinking": "The note is printed.",
+        "content": "The file says: hello from the notes.",
+    }
+    assert assistant_message("harmony", "no markup") == {
+        "role": "assistant",
+        "content": "no markup",
+    }
+    # Cut off by the length limit inside the analysis channel: reasoning, no answer yet.
+    cut = assistant_message("harmony", "<|channel|>analysis<|message|>Let me th")
+    assert cut == {"role": "assistant", "content": "", "thinking": "Let me th"}
+
+
+def test_observations_take_each_familys_role() -> None:
+    assert observation_message("qwen3", "out", "bash") == {
+        "role": "tool",
+        "content": "out",
+        "name": "bash",
+    }
+    assert observation_message("deepseek_r1", "out", "bash") == {"role": "user", "content": "out"}
+    # Harmony's template needs a call before a tool message: an error about a reply with
+    # no call is a user turn.
+    assert observation_message("harmony", "no call found", None) == {
+        "role": "user",
+        "content": "no call found",
+    }
+    assert assistant_message("qwen3", "<think>\nx\n</think>\n\nhi") == {
+        "role": "assistant",
+        "content": "<think>\nx\n</think>\n\nhi",
+    }

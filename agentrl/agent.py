@@ -1,6 +1,8 @@
 """The ReAct episode: INIT a sandbox, loop generate -> parse -> tool -> observe, EVAL.
 
-The conversation only grows by appending (ChatSession). Each stage runs in the episode's
+The conversation's token ledger is the ChatSession's: it grows by appending, and continues
+in a new segment when the template or the task's context policy (`agentrl.context`)
+rewrites history. Each stage runs in the episode's
 `boundary`, the one place an exception becomes a stop reason: the loop ends by raising
 `EpisodeEnd` with its reason (max_turns too); a sandbox, sampler or grader failure, a
 timeout or a bug is an infrastructure stop reason, never a reward: every episode yields
@@ -113,15 +115,17 @@ def conversation(
             logprobs=ledger.logprobs[start:end],
             versions=ledger.token_versions[start:end],
         )
-        if k + 1 == len(traj.turns) and end == len(ledger.response_ids):
+        last = k + 1 == len(traj.turns) and turn.segment + 1 == len(ledgers)
+        if last and end == len(ledger.response_ids):
             break  # nothing followed the last turn (finish, or a timeout in its tool call)
-        if not ended and turn.kind == "action":  # a reply cut off ends the episode
+        if not ended and (turn.kind == "action" or turn.segment + 1 == len(ledgers)):
+            # a reply cut off ends the episode (a summary: when no segment followed it)
             chat.close_turn()
             break
         if turn.kind == "summary":
-            context.summarized(chat, turn.action)
+            context.summarized(task, chat, turn.action)
         else:
-            chat.add_messages([{"role": "tool", "content": turn.observation}])
+            context.observed(task, chat, turn.observation)
     return chat
 
 
@@ -381,7 +385,7 @@ async def _react(episode: Episode, gate: Gate) -> NoReturn:
         if context.wants_summary(task, chat, since_summary):
             context.ask_summary(task, chat)
             turn = await _sample(episode, gate, task.spec.context.summary_tokens, "summary")
-            context.summarized(chat, turn.action)
+            context.summarized(task, chat, turn.action)
             since_summary = 0
             continue
         context.drop_oldest(task, chat)

@@ -241,23 +241,27 @@ def test_each_marker_is_one_token(smollm2) -> None:
             assert len(encode(tok, f"a{marker}b")) == 3, (name, marker)
 
 
-@needs_templates
-@pytest.mark.parametrize("case_name", list(CASES))
-def test_a_three_turn_episode_is_token_exact(smollm2, case_name: str) -> None:
-    case = CASES[case_name]
-    tok = family_tokenizer(smollm2, case.template)
+@dataclass
+class Played:
+    """A scripted 3-turn episode through ChatSession, with what each segment should hold."""
+
+    session: ChatSession
+    history: list[dict[str, Any]]  # the conversation as messages
+    prompts: list[str]  # each segment's prompt, rendered by the template
+    runs: list[list[list[int]]]  # each segment's sampled stretches
+
+
+def play(tok: Any, case: Case) -> Played:
     fam = family(tok.chat_template)
-    assert fam == case.family
     session = ChatSession(tok, START, TOOLS, template_kwargs=case.kwargs)
     # The session puts tool schemas into the system prompt of a template that takes none.
     history = [dict(m) for m in session.messages]
-    prompts = [render(tok, history, case, generation_prompt=True)]
-    expected_runs: list[list[list[int]]] = [[]]
+    played = Played(session, history, [render(tok, history, case, generation_prompt=True)], [[]])
     for turn, (reply, end) in enumerate(zip(case.replies, case.ends, strict=True)):
         assert end in FAMILIES[fam].end_of_turn
         sampled = [*encode(tok, reply), tok.convert_tokens_to_ids(end)]
         session.add_sampled(sampled, "stop")
-        expected_runs[-1].append(sampled)
+        played.runs[-1].append(sampled)
         history.append(assistant_message(fam, reply))
         if turn < 2:
             call = parse_tool_call(reply)
@@ -273,24 +277,102 @@ def test_a_three_turn_episode_is_token_exact(smollm2, case_name: str) -> None:
             delta = session.add_messages([obs])
             if len(session.segments) > before:  # a new segment: its prompt is the rendering
                 assert delta == []
-                prompts.append(render(tok, history, case, generation_prompt=True))
-                expected_runs.append([])
+                played.prompts.append(render(tok, history, case, generation_prompt=True))
+                played.runs.append([])
         else:
             assert parse_tool_call(reply) is None
     session.close_turn()
+    return played
 
+
+@needs_templates
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_a_three_turn_episode_is_token_exact(smollm2, case_name: str) -> None:
+    case = CASES[case_name]
+    tok = family_tokenizer(smollm2, case.template)
+    assert family(tok.chat_template) == case.family
+    played = play(tok, case)
+    session = played.session
     segments = session.all_segments
     assert len(segments) == case.segments, [s.reason for s in segments]
-    for segment, prompt, runs in zip(segments, prompts, expected_runs, strict=True):
+    for segment, prompt, runs in zip(segments, played.prompts, played.runs, strict=True):
         assert tok.decode(segment.prompt_ids, skip_special_tokens=False) == prompt
         assert segment.prompt_ids == encode(tok, prompt)
         assert sampled_runs(segment) == runs
         assert sum(segment.loss_mask) == sum(len(r) for r in runs)
     assert [s.reason for s in segments[1:]] == ["template"] * (case.segments - 1)
     if case.segments == 1:
-        whole = render(tok, history, case, generation_prompt=False)
+        whole = render(tok, played.history, case, generation_prompt=False)
         assert tok.decode(session.ids, skip_special_tokens=False) == whole
         assert session.ids == encode(tok, whole)
+
+
+@needs_templates
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_each_familys_segments_train_token_exact(smollm2, case_name: str, tmp_path: Path) -> None:
+    """Every segment reaches the learner aligned: a tiny Llama with the family's
+    vocabulary scores each sampled token exactly as a sampler on the same weights did
+    (its logprobs are the recorded ones), so the backend's logprob mismatch is ~0; one
+    token off anywhere would show as a mismatch of order 1."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrl.algorithm_config import LossConfig
+    from agentrl.backends.base import samples_from
+    from agentrl.backends.fsdp import FSDPBackend, FSDPConfig, token_logprobs
+    from agentrl.trajectory import Segment, StopReason, Trajectory
+
+    case = CASES[case_name]
+    tok = family_tokenizer(smollm2, case.template)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ledgers = []
+    for seg in play(tok, case).session.all_segments:
+        ids = torch.tensor([seg.prompt_ids + seg.response_ids])
+        with torch.no_grad():  # the sampler's logprob of each token: these weights', at T=1
+            scored = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+        pad = len(seg.prompt_ids)
+        ledgers.append(
+            Segment(
+                reason=seg.reason,
+                prompt_ids=seg.prompt_ids,
+                response_ids=seg.response_ids,
+                loss_mask=seg.loss_mask,
+                logprobs=[
+                    float(scored[pad + i]) if m else 0.0 for i, m in enumerate(seg.loss_mask)
+                ],
+                token_versions=[0 if m else -1 for m in seg.loss_mask],
+            )
+        )
+    first, *rest = ledgers
+    traj = Trajectory(
+        trajectory_id="t_0",
+        group_id="t",
+        task=case_name,
+        **first.model_dump(exclude={"reason"}),
+        segments=rest,
+        reward=1.0,
+        stop_reason=StopReason.finished,
+    ).check()
+    samples = samples_from([traj], {"t_0": 1.0})
+    assert [s.segment for s in samples] == list(range(case.segments))
+    backend = FSDPBackend(FSDPConfig(lr=1e-3), tmp_path)
+    try:
+        metrics = backend.forward_backward(samples, LossConfig())
+    finally:
+        backend.close()
+    assert metrics["logprob_mismatch"] < 1e-5, metrics
 
 
 def test_a_harmony_reply_becomes_the_message_its_template_takes() -> None:

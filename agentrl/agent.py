@@ -125,7 +125,8 @@ def conversation(
         if turn.kind == "summary":
             context.summarized(task, chat, turn.action)
         else:
-            context.observed(task, chat, turn.observation)
+            called = turn.tool_call.name if turn.tool_call else None
+            context.observed(task, chat, turn.observation, called)
     return chat
 
 
@@ -305,7 +306,11 @@ class Episode:
         stop = self.stop or StopReason.aborted
         # An infrastructure failure is never trained on as if the agent failed.
         infra = stop in INFRA_STOP_REASONS
-        first, *rest = [_recorded(s, infra) for s in self.chat.all_segments]
+        segments = self.chat.all_segments
+        if len(segments) > 1 and not segments[-1].response_ids:
+            # The observation after the last turn began a segment the sampler never saw.
+            segments = segments[:-1]
+        first, *rest = [_recorded(s, infra) for s in segments]
         turns, env_info = self.turns, self.env_info
         if self._drops_snapshots():  # close() removes those it made: record none of them
             turns, env_info = self.snapshots.unrecorded(turns, env_info)
@@ -397,7 +402,8 @@ async def _react(episode: Episode, gate: Gate) -> NoReturn:
         if obs.done:
             turn.observation = obs.text
             raise EpisodeEnd(StopReason.finished)
-        turn.observation = context.observe(task, chat, obs.text)
+        called = turn.tool_call.name if turn.tool_call else None
+        turn.observation = context.observe(task, chat, obs.text, called)
         since_summary += 1
     raise EpisodeEnd(StopReason.max_turns)
 

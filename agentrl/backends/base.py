@@ -71,7 +71,8 @@ def samples_from(
     trajectories: Iterable[Trajectory], advantages: Mapping[str, float]
 ) -> list[Sample]:
     """Flatten checked trajectories into samples, one per ledger (segment) with a
-    sampled token, each carrying its episode's advantage.
+    sampled token, each carrying its episode's advantage, up to its last sampled token
+    (an episode ended `context_limit` may hold an observation past the context).
 
     Infrastructure failures carry a zero loss mask, so they never reach a learner.
     """
@@ -86,13 +87,15 @@ def samples_from(
             if not any(ledger.loss_mask):
                 continue
             pad = len(ledger.prompt_ids)
+            # Tokens after the last sampled one carry no loss: the learner never needs them.
+            end = max(i for i, m in enumerate(ledger.loss_mask) if m) + 1
             samples.append(
                 Sample(
                     trajectory_id=t.trajectory_id,
                     segment=k,
-                    tokens=ledger.prompt_ids + ledger.response_ids,
-                    loss_mask=[0] * pad + ledger.loss_mask,
-                    sampler_logprobs=[0.0] * pad + ledger.logprobs,
+                    tokens=ledger.prompt_ids + ledger.response_ids[:end],
+                    loss_mask=[0] * pad + ledger.loss_mask[:end],
+                    sampler_logprobs=[0.0] * pad + ledger.logprobs[:end],
                     advantage=advantages[t.trajectory_id],
                 )
             )

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from rich.table import Table
 
 from agentrl.cli.output import console, err_console, tag
 from agentrl.errors import AgentRLError, ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def train(args: argparse.Namespace) -> int:
@@ -67,14 +72,16 @@ def train(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    fixes = [fix for path in args.files if (fix := _validate_one(path)) is not None]
+    fixes = [fix for path in args.files if (fix := _validate_one(path, args.model)) is not None]
     for fix in dict.fromkeys(fixes):
         err_console.print(tag("fix:", "yellow", fix))
     return 1 if fixes else 0
 
 
-def _validate_one(path: Path) -> str | None:
-    """Print what `path` is, or what is wrong with it; None if valid, else the fix."""
+def _validate_one(path: Path, model: str = "embedded") -> str | None:
+    """Print what `path` is, or what is wrong with it; None if valid, else the fix. A task's
+    prompts are counted with `model`'s tokenizer (a train config's are not: validating one
+    stays free of torch and transformers; `agentrl train` counts them before it starts)."""
     from agentrl.tasks.formats import kind_of, load_any
     from agentrl.textfile import UnreadableFile
     from agentrl.yamlfile import ConfigFileError
@@ -93,6 +100,13 @@ def _validate_one(path: Path) -> str | None:
         else:
             task = load_any(path)
             what = "rows" if kind == "rows" else "task"
+            tokenizer = _prompt_tokenizer(model)
+            if tokenizer is None:
+                what += "; prompt lengths not counted: the embedded model is not installed"
+            else:
+                from agentrl.preflight import check_prompts
+
+                check_prompts(task, tokenizer)
             console.print(f"{path}: ok ({len(task.instances)} instances, {task.format} {what})")
     except UnreadableFile as e:  # a FIFO, a folder, not UTF-8: before any parser
         err_console.print(f"{e.path}:{e.line}: file: {e.reason}")
@@ -105,3 +119,23 @@ def _validate_one(path: Path) -> str | None:
         err_console.print(str(e))
         return e.fix or "fix the file, then validate it again"
     return None
+
+
+@functools.cache
+def _prompt_tokenizer(model: str) -> PreTrainedTokenizerBase | None:
+    """The tokenizer `validate` counts prompt tokens with (loaded once); None for the
+    default embedded model when it is not installed."""
+    from agentrl.errors import ModelNotFoundError
+    from agentrl.inference.embedded import gguf_path
+    from agentrl.inference.local import model_tokenizer
+
+    if model == "embedded":
+        try:
+            gguf_path()
+        except ModelNotFoundError:
+            return None
+    elif not Path(model).is_dir():
+        raise ConfigError(
+            f"--model {model}: no such folder", fix="pass embedded, or a model's folder"
+        )
+    return model_tokenizer(model)

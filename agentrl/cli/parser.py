@@ -212,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         "validate", help="validate task files (YAML, task folders) and trajectory files (JSONL)"
     )
     v.add_argument("files", nargs="+", type=Path)
+    v.add_argument(
+        "--model",
+        default="embedded",
+        help="count task prompts with this model's tokenizer: embedded (SmolLM2-135M-Instruct, "
+        "the default) or a model folder",
+    )
     v.set_defaults(func=configs.validate)
 
     cl = sub.add_parser(

@@ -216,7 +216,10 @@ class ContextPolicy(_Model):
         "summarized (default: limits.context_length)",
     )
     keep_turns: int = Field(
-        default=1, ge=0, description="the most recent turns drop_oldest never drops"
+        default=1,
+        ge=0,
+        description="the most recent turns, kept verbatim: drop_oldest never drops them, "
+        "summarize keeps them after the summary",
     )
     summary_prompt: str = Field(
         default=DEFAULT_SUMMARY_PROMPT, description="what the policy is asked to summarize"
@@ -252,11 +255,26 @@ class TaskSpec(_Model):
 
     @model_validator(mode="after")
     def _context_fits(self) -> TaskSpec:
-        budget = self.context.budget_tokens
-        if budget is not None and budget > self.limits.context_length:
+        context, limits = self.context, self.limits
+        budget = context.budget_tokens
+        if budget is not None and budget > limits.context_length:
             raise ValueError(
                 f"context.budget_tokens ({budget}) is above limits.context_length "
-                f"({self.limits.context_length})"
+                f"({limits.context_length})"
+            )
+        if budget is not None and context.history == "keep":
+            raise ValueError("context.budget_tokens does nothing with history: keep")
+        room = (budget or limits.context_length) - limits.max_new_tokens  # for a prompt
+        if budget is not None and room <= 0:
+            raise ValueError(
+                f"context.budget_tokens ({budget}) leaves no room for a prompt beside "
+                f"limits.max_new_tokens ({limits.max_new_tokens})"
+            )
+        if context.history == "summarize" and context.summary_tokens >= room:
+            raise ValueError(
+                f"context.summary_tokens ({context.summary_tokens}) leaves no room for the "
+                f"prompt after a summary: the budget ({room + limits.max_new_tokens}) less "
+                f"limits.max_new_tokens ({limits.max_new_tokens}) is {room}"
             )
         return self
 

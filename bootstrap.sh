@@ -66,7 +66,8 @@ say "preparing the embedded model (converted once to $(
 
 [ "$INSTALL_ONLY" = 1 ] && { say "installed; run the tests with: $VENV/bin/pytest"; exit 0; }
 
-# 5. The main job: train the embedded model on the shipped example ----------------------
+# 5. The main job: train the embedded model on the multi-turn example (~10 min on 2 cores;
+#    examples/train/shell-basics.yaml is the quicker single-turn one) -------------------
 "$VENV/bin/agentrl" doctor
-"$VENV/bin/agentrl" train examples/train/shell-basics.yaml \
-  --out "runs/shell-basics-$(date +%Y%m%d-%H%M%S)"
+"$VENV/bin/agentrl" train examples/train/look-then-act.yaml \
+  --out "runs/look-then-act-$(date +%Y%m%d-%H%M%S)"

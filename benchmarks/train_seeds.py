@@ -17,7 +17,15 @@ train_seeds_async.json. `--tinker` trains examples/train/shell-basics-tinker.yam
 same job on the tinker backend, sampling at temperature 1) against an `agentrl
 serve-tinker` it starts on a free loopback port; results go to train_seeds_tinker.json.
 `--temperature T` overrides the sampling temperature of the in-process run (e.g. 1.0, to
-compare with the tinker run on equal terms).
+compare with the tinker run on equal terms). `--config PATH` trains another config: the
+multi-turn main job is
+
+    .venv/bin/python benchmarks/train_seeds.py --config examples/train/look-then-act.yaml
+
+whose results go to train_seeds_multiturn.json (any other config: train_seeds_<stem>.json).
+Each run also reports, per training step, the mean turns and tool calls per episode (its
+metrics.jsonl's turns_mean and tool_calls_mean), and a plot beside the JSON shows
+held-out reward before and after per seed and those per-step means.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
 TINKER_CONFIG = CONFIG.with_name("shell-basics-tinker.yaml")
 RESULTS = Path(__file__).parent / "results"
+MULTITURN = CONFIG.with_name("look-then-act.yaml")
 
 
 def variant(base: Path, tag: str, changes: dict[str, Any]) -> Path:
@@ -90,6 +99,7 @@ def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict
     summary = json.loads((out / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
     half = math.hypot(before["reward_ci95"], after["reward_ci95"])
     return {
         "seed": seed,
@@ -99,8 +109,43 @@ def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict
         "improvement_ci95": round(half, 4),
         "improved_beyond_ci": after["reward_mean"] - before["reward_mean"] > half,
         "wall_s": round(time.monotonic() - started, 1),
-        "curve": [round(r["reward_mean"], 4) for r in rows if r["kind"] == "train"],
+        "curve": [round(r["reward_mean"], 4) for r in train],
+        "turns_per_episode": [round(r["turns_mean"], 3) for r in train],
+        "tool_calls_per_episode": [round(r["tool_calls_mean"], 3) for r in train],
     }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Held-out reward before and after per seed (95% intervals), and turns and tool calls
+    per episode over training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = report["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (when, color) in enumerate((("before", "tab:gray"), ("after", "tab:blue"))):
+        xs = [i + (k - 0.5) * 0.35 for i in range(len(runs))]
+        ys = [r[when]["reward_mean"] for r in runs]
+        errs = [r[when]["reward_ci95"] for r in runs]
+        left.bar(xs, ys, 0.35, yerr=errs, capsize=4, color=color, label=when)
+    left.set_xticks(range(len(runs)), [f"seed {r['seed']}" for r in runs])
+    left.set_ylabel("held-out reward (95% interval)")
+    left.set_title(report["config"])
+    left.legend()
+    for r in runs:
+        steps = range(1, len(r["turns_per_episode"]) + 1)
+        right.plot(steps, r["turns_per_episode"], "-o", label=f"turns, seed {r['seed']}")
+        right.plot(steps, r["tool_calls_per_episode"], "--x", label=f"tool calls, seed {r['seed']}")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_xlabel("training step")
+    right.set_ylabel("per episode")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def start_servers(n: int, logs: Path) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
@@ -141,10 +186,15 @@ def main() -> None:
     )
     parser.add_argument("--tinker", action="store_true", help="the tinker backend example")
     parser.add_argument("--temperature", type=float, help="sample the in-process run at T")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the train config to run")
     args = parser.parse_args()
-    name = "train_seeds_served" if args.servers else "train_seeds"
-    suffix = "-served" if args.servers else ""
-    base, changes, tags = CONFIG, {}, []
+    base, changes, tags = args.config.resolve(), {}, []
+    name, suffix = "train_seeds", ""
+    if base != CONFIG:
+        tag = "multiturn" if base == MULTITURN else base.stem
+        name, suffix = f"train_seeds_{tag}", f"-{tag}"
+    if args.servers:
+        name, suffix = name + "_served", suffix + "-served"
     if args.staleness is not None:
         name, suffix = name + "_async", suffix + "-async"
         changes["schedule"] = {"type": "async", "max_staleness_steps": args.staleness}
@@ -185,6 +235,7 @@ def main() -> None:
     report["all_improved_beyond_ci"] = all(r["improved_beyond_ci"] for r in rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out.with_suffix(".png"))
     for r in rows:
         print(
             f"seed {r['seed']}: held-out {r['before']['reward_mean']:.3f} -> "

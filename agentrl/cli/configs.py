@@ -126,8 +126,7 @@ def _prompt_tokenizer(model: str) -> PreTrainedTokenizerBase | None:
     """The tokenizer `validate` counts prompt tokens with (loaded once); None for the
     default embedded model when it is not installed."""
     from agentrl.errors import ModelNotFoundError
-    from agentrl.inference.embedded import gguf_path
-    from agentrl.inference.local import model_tokenizer
+    from agentrl.inference.embedded import gguf_path, model_dir
 
     if model == "embedded":
         try:
@@ -138,4 +137,13 @@ def _prompt_tokenizer(model: str) -> PreTrainedTokenizerBase | None:
         raise ConfigError(
             f"--model {model}: no such folder", fix="pass embedded, or a model's folder"
         )
+    folder = model_dir() if model == "embedded" else Path(model)
+    if (folder / "tokenizer.json").is_file():
+        # The fast tokenizer alone: counting tokens needs no torch (6 s to import here).
+        from transformers import PreTrainedTokenizerFast
+
+        fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(folder)
+        return fast
+    from agentrl.inference.local import model_tokenizer
+
     return model_tokenizer(model)

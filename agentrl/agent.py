@@ -125,8 +125,7 @@ def conversation(
         if turn.kind == "summary":
             context.summarized(task, chat, turn.action)
         else:
-            called = turn.tool_call.name if turn.tool_call else None
-            context.observed(task, chat, turn.observation, called)
+            context.observed(task, chat, turn.observation, turn.tool_name)
     return chat
 
 
@@ -402,8 +401,7 @@ async def _react(episode: Episode, gate: Gate) -> NoReturn:
         if obs.done:
             turn.observation = obs.text
             raise EpisodeEnd(StopReason.finished)
-        called = turn.tool_call.name if turn.tool_call else None
-        turn.observation = context.observe(task, chat, obs.text, called)
+        turn.observation = context.observe(task, chat, obs.text, turn.tool_name)
         since_summary += 1
     raise EpisodeEnd(StopReason.max_turns)
 

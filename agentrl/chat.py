@@ -212,11 +212,19 @@ class ChatSession:
         (mask 0; returned) when its rendering extends the current ids, else as the prompt
         of a new segment (returns [])."""
         self.messages = self.messages + [dict(m) for m in messages]
-        full = self.render(self.messages, generation_prompt=True)
-        if full.startswith(self.covered):
-            return self._append_template_text(full[len(self.covered) :])
+        full, delta = self._extension(self.messages)
+        if delta is not None:
+            return self._append_template_text(delta)
         self._begin(full, "template")
         return []
+
+    def length_after(self, messages: Sequence[Message]) -> int:
+        """The tokens the current segment would hold once `add_messages(messages)` ran:
+        the delta added to it, or the new segment's prompt."""
+        full, delta = self._extension([*self.messages, *messages])
+        if delta is not None:
+            return len(self) + len(self.encode(delta))
+        return len(self.encode(full))
 
     def observation(self, text: str, tool_name: str | None = None) -> Message:
         """A tool's output as the message this model family's template takes (a tool
@@ -235,6 +243,12 @@ class ChatSession:
         return self._append_template_text(self._pending)
 
     # -- internals -------------------------------------------------------------------
+
+    def _extension(self, messages: Sequence[Message]) -> tuple[str, str | None]:
+        """The rendering of `messages` with the generation prompt, and what it adds after
+        the text the current ids stand for (None: it does not extend them)."""
+        full = self.render(messages, generation_prompt=True)
+        return full, full[len(self.covered) :] if full.startswith(self.covered) else None
 
     def _begin(self, text: str, reason: SegmentReason) -> None:
         self.segments.append(self.current)

@@ -55,7 +55,7 @@ def observed(task: Task, chat: ChatSession, shown: str, tool_name: str | None) -
     it fills the budget of a summarizing policy, the summary request goes in with it."""
     messages: list[Message] = [chat.observation(shown, tool_name)]
     policy, reply = task.spec.context, task.spec.limits.max_new_tokens
-    if policy.history == "summarize" and _length_after(chat, messages) + reply > budget(task):
+    if policy.history == "summarize" and chat.length_after(messages) + reply > budget(task):
         messages.append(_request(task))
     chat.add_messages(messages)
 
@@ -122,16 +122,6 @@ def _asked(task: Task, chat: ChatSession) -> bool:
     """Whether the chat's last message is the summary request (not yet answered)."""
     last = chat.messages[-1] if len(chat.messages) > len(chat.opening) else {}
     return last == _request(task)
-
-
-def _length_after(chat: ChatSession, messages: list[Message]) -> int:
-    """The tokens the chat holds once `messages` are added, as `ChatSession.add_messages`
-    adds them: the template's delta when its rendering extends the current segment, else
-    a new segment's prompt."""
-    full = chat.render([*chat.messages, *messages], generation_prompt=True)
-    if full.startswith(chat.covered):
-        return len(chat) + len(chat.encode(full[len(chat.covered) :]))
-    return len(chat.encode(full))
 
 
 def _turn_starts(chat: ChatSession, messages: list[Message]) -> list[int]:

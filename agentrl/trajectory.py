@@ -94,6 +94,11 @@ class Turn(_Strict):
         default="action", description="summary: the policy summarized history (no tool call)"
     )
 
+    @property
+    def tool_name(self) -> str | None:
+        """The tool this turn called (None: no call was parsed)."""
+        return self.tool_call.name if self.tool_call else None
+
 
 class EnvInfo(_Strict):
     """Enough about the environment to replay the episode."""

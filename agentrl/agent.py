@@ -329,6 +329,7 @@ class Episode:
                 stop_reason=stop,
                 turns=turns,
                 scheduled_step=self.scheduled_step,
+                seconds={stage: round(s, 3) for stage, s in self.seconds.items()},
                 env=env_info,
                 error=self.error,
                 fix=self.fix,

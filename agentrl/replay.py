@@ -79,7 +79,8 @@ class ReplayReport(_Frozen):
 
 def run_files(run_dir: Path) -> list[Path]:
     """The trajectory files of a run folder: training/run episodes, evaluations, branches."""
-    files = [run_dir / "trajectories.jsonl", *sorted((run_dir / "eval").glob("*.jsonl"))]
+    evals = sorted((run_dir / "eval").glob("step-*/trajectories.jsonl"))
+    files = [run_dir / "trajectories.jsonl", *evals]
     return [f for f in [*files, run_dir / BRANCHES] if f.is_file()]
 
 

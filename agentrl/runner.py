@@ -12,11 +12,12 @@ import statistics
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentrl.agent import Episode, conversation
@@ -105,6 +106,24 @@ def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
     return env_class(task, provider, run_id)
 
 
+def with_overrides(
+    task: Task, limits: dict[str, int] | None = None, temperature: float | None = None
+) -> Task:
+    """`task` with some of its limits and its sampling temperature replaced, validated as
+    the file itself is: impossible limits are a ConfigError."""
+    spec = task.spec
+    if limits:
+        try:
+            new = type(spec.limits).model_validate({**spec.limits.model_dump(), **limits})
+        except ValidationError as e:
+            raise ConfigError(f"limits: {e.errors()[0]['msg']}") from e
+        spec = spec.model_copy(update={"limits": new})
+    if temperature is not None:
+        sampling = spec.sampling.model_copy(update={"temperature": temperature})
+        spec = spec.model_copy(update={"sampling": sampling})
+    return task if spec is task.spec else task.model_copy(update={"spec": spec})
+
+
 def select_instances(task: Task, ids: list[str] | None, *, strict: bool = True) -> Task:
     """`task` with only the instances in `ids` (all when None); with `strict`, an id the
     task does not have is a ConfigError naming the ones it has."""
@@ -148,6 +167,48 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
     )
 
 
+def progress_bars(show: bool) -> Progress:
+    """Bars named by their `name` field, with a count, the time and a description."""
+    return Progress(
+        TextColumn("[bold]{task.fields[name]}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        disable=not show,
+    )
+
+
+async def stream_episodes(
+    episodes: list[Episode],
+    dispatcher: DispatchConfig,
+    keep: Callable[[Trajectory], None],
+    progress: Progress,
+    name: str,
+) -> list[Trajectory]:
+    """Run `episodes` through a fresh dispatcher, handing each trajectory to `keep` as it
+    finishes, under a bar `name` that shows the reward mean so far; returns them in the
+    order they finished."""
+    out: list[Trajectory] = []
+    bar = progress.add_task("", total=len(episodes), name=name)
+    try:
+        async with aclosing(dispatcher.build().run(episodes)) as stream:
+            async for traj in stream:
+                keep(traj)
+                out.append(traj)
+                progress.update(bar, advance=1, description=_so_far(out))
+    finally:
+        progress.remove_task(bar)
+    return out
+
+
+def _so_far(trajs: Sequence[Trajectory]) -> str:
+    graded = [t.reward or 0.0 for t in trajs if t.trainable]
+    mean = f"{statistics.fmean(graded):.2f}" if graded else "-"
+    infra = len(trajs) - len(graded)
+    return f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
+
+
 async def run_task(
     task: Task,
     sampler: Sampler,
@@ -172,31 +233,19 @@ async def run_task(
         for inst in task.instances
         for k in range(samples)
     ]
-    done: list[Trajectory] = []
+
+    def keep(traj: Trajectory) -> None:
+        store.append(traj)
+        with conversations.open("a", encoding="utf-8") as f:  # what the model saw
+            messages = conversation(task, traj, tokenizer).messages
+            f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
+            f.write("\n")
+
     start = time.monotonic()
-    with Progress(
-        TextColumn(f"[bold]{task.spec.name}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        disable=not show_progress,
-    ) as progress:
-        bar = progress.add_task("", total=len(episodes))
-        stream = (dispatcher or PipelineConfig(concurrency=4)).build().run(episodes)
-        async with aclosing(stream):
-            async for traj in stream:
-                store.append(traj)
-                with conversations.open("a", encoding="utf-8") as f:  # what the model saw
-                    messages = conversation(task, traj, tokenizer).messages
-                    f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
-                    f.write("\n")
-                done.append(traj)
-                graded = [t.reward or 0.0 for t in done if t.trainable]
-                mean = f"{statistics.fmean(graded):.2f}" if graded else "-"
-                infra = len(done) - len(graded)
-                shown = f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
-                progress.update(bar, advance=1, description=shown)
+    with progress_bars(show_progress) as progress:
+        done = await stream_episodes(
+            episodes, dispatcher or PipelineConfig(concurrency=4), keep, progress, task.spec.name
+        )
     summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
     write_atomic(out_dir / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
     return summary

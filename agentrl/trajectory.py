@@ -152,6 +152,9 @@ class Trajectory(_Strict):
     )
     scheduled_step: int = 0
     consumed_step: int | None = None
+    seconds: dict[str, float] = Field(
+        default_factory=dict, description="wall seconds of each stage: init, run, eval"
+    )
     env: EnvInfo = Field(default_factory=EnvInfo)
     error: str | None = Field(default=None, description="what went wrong, for infra failures")
     fix: str | None = Field(default=None, description="how to fix that error, when known")

@@ -468,7 +468,7 @@ def test_overlong_masks_a_context_limit_episode_but_keeps_its_reward_in_the_base
                 config=_Config(algorithm),  # type: ignore[arg-type]
                 out=tmp_path, tasks=[], train=[], held=[], learner=learner, backend=backend,
                 sampler=sampler, tokenizer=tok, envs=[],  # type: ignore[arg-type]
-                metrics=None, store=None, progress=None,  # type: ignore[arg-type]
+                metrics=None, store=None, progress=None, run_id="test",  # type: ignore[arg-type]
             )  # fmt: skip
             row = asyncio.run(step.learn(trajs))
             (samples,) = seen

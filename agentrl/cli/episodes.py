@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
 from rich.table import Table
 
 from agentrl.cli.output import console, err_console, human_bytes, tag
-from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentrl.runner import RunSummary
@@ -26,24 +24,12 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.dispatch import DispatchConfig
     from agentrl.inference.config import parse_policy
     from agentrl.inference.embedded import load_tokenizer
-    from agentrl.runner import run_task, select_instances
+    from agentrl.runner import run_task, select_instances, with_overrides
     from agentrl.sandbox import provider
     from agentrl.tasks.formats import load_any
 
     task = select_instances(load_any(args.task), _ids(args.instances))
-    overrides = {
-        k: v
-        for k, v in (("max_turns", args.max_turns), ("max_new_tokens", args.max_new_tokens))
-        if v is not None
-    }
-    if overrides:  # validated like the file itself: impossible limits are refused
-        try:
-            limits = type(task.spec.limits).model_validate(
-                {**task.spec.limits.model_dump(), **overrides}
-            )
-        except ValidationError as e:
-            raise ConfigError(f"limits: {e.errors()[0]['msg']}") from e
-        task = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    task = with_overrides(task, limit_overrides(args))
     snapshots = None
     if args.snapshots is not None:
         policy = task.spec.snapshots
@@ -98,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         if summary.first_infra_fix:
             err_console.print(f"fix: {summary.first_infra_fix}")
     return 1 if total and failed == total else 0
+
+
+def limit_overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The limits the command line overrides (--max-turns, --max-new-tokens)."""
+    given = {"max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _ids(text: str | None) -> list[str] | None:

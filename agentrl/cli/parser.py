@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agentrl import __version__
-from agentrl.cli import configs, episodes, machine, serving
+from agentrl.cli import configs, episodes, evaluate, machine, serving
 from agentrl.cli.output import err_console, tag
 
 
@@ -55,6 +55,12 @@ def _port(text: str) -> int:
     return value
 
 
+POLICY_HELP = (
+    "local (the embedded model), openai:URL, router:URL,URL,..., scripted:FILE, a model "
+    "folder, or a train run's folder or checkpoint (its newest checkpoint, served in-process)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="agentrl", description="Train LLM agents with RL on tool-using tasks.")
     p.add_argument("--version", action="version", version=f"agentrl {__version__}")
@@ -79,11 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a task's instances with a policy; trajectories + summary")
     r.add_argument("task", help="a task YAML file, or a Terminal-Bench / Harbor task folder")
-    r.add_argument(
-        "--policy",
-        default="local",
-        help="local (the embedded model), openai:URL, router:URL,URL,... or scripted:FILE",
-    )
+    r.add_argument("--policy", default="local", help=POLICY_HELP)
     r.add_argument("-n", "--samples", type=_at_least(1), default=1, help="episodes per instance")
     r.add_argument("--instances", help="only these instances (comma-separated ids)")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
@@ -104,6 +106,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="snapshot the sandbox after INIT and every K turns (0: off); overrides the task",
     )
     r.set_defaults(func=episodes.run)
+
+    e = sub.add_parser(
+        "eval",
+        help="k attempts of every instance: pass@1 and pass@k, resumable; or --compare two",
+    )
+    e.add_argument("tasks", nargs="*", help="task files, task folders, row files")
+    e.add_argument("--policy", default="local", help=POLICY_HELP)
+    e.add_argument(
+        "-k", "--attempts", type=_at_least(1), default=1, help="attempts per instance (default 1)"
+    )
+    e.add_argument("--instances", help="only these instances (comma-separated ids)")
+    e.add_argument(
+        "--out",
+        type=Path,
+        help="evaluation folder (default runs/eval-<task>-<policy>); the same command resumes it",
+    )
+    e.add_argument("--overwrite", action="store_true", help="start the folder's evaluation again")
+    e.add_argument(
+        "--retry-infra",
+        action="store_true",
+        help="run again the attempts recorded as infrastructure failures",
+    )
+    e.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    e.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
+    e.add_argument(
+        "--dispatcher",
+        choices=["pipeline", "batch", "sync"],
+        default="pipeline",
+        help="default pipeline",
+    )
+    e.add_argument("--max-turns", type=_at_least(1), help="override the tasks' limits.max_turns")
+    e.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
+    e.add_argument(
+        "--temperature", type=_temperature, help="override the tasks' sampling.temperature"
+    )
+    e.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="B against A: paired pass@1 difference with a bootstrap 95%% interval",
+    )
+    e.add_argument("--json", type=Path, help="--compare: also write the comparison here")
+    e.set_defaults(func=evaluate.evaluate)
 
     ck = sub.add_parser(
         "check",

@@ -65,10 +65,9 @@ def data_order(n: int, seed: int, start: int, count: int) -> list[int]:
 
 def at_temperature(task: Task, temperature: float | None) -> Task:
     """`task` sampling at `temperature` (the train config's override), or as it is."""
-    if temperature is None:
-        return task
-    sampling = task.spec.sampling.model_copy(update={"temperature": temperature})
-    return task.model_copy(update={"spec": task.spec.model_copy(update={"sampling": sampling})})
+    from agentrl.runner import with_overrides
+
+    return with_overrides(task, temperature=temperature)
 
 
 def run_temperature(tasks: Sequence[Task]) -> float:

@@ -28,9 +28,9 @@ from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.errors import ConfigError
 from agentrl.inference.local import model_tokenizer
 from agentrl.preflight import preflight
-from agentrl.runner import RunInfo, make_env, write_run_info
+from agentrl.runner import RunInfo, make_env, progress_bars, write_run_info
 from agentrl.train.data import at_temperature, run_temperature, split
-from agentrl.train.loop import checkpoints, progress_bars, train_loop
+from agentrl.train.loop import checkpoints, train_loop
 from agentrl.train.records import MetricsLog
 from agentrl.train.run import Learner, TrainRun
 from agentrl.train.sampler import TrainSampler, train_sampler
@@ -198,6 +198,7 @@ class Trainer:
                 metrics=MetricsLog(self.out / "metrics.jsonl"),
                 store=TrajectoryStore(self.out / "trajectories.jsonl"),
                 progress=progress_bars(self.show_progress),
+                run_id=self.run_id,
             )
             summary = await train_loop(run, resume=resume)
             return summary.model_dump()

@@ -18,9 +18,8 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl.evaluation import EvalSpec, Evaluation
 from agentrl.runner import write_atomic
 from agentrl.train.asynchronous import async_steps
 from agentrl.train.plots import plot_async, plot_reward, tensorboard
@@ -49,17 +48,6 @@ RUN_FOLDERS = ("checkpoints", "eval", "tensorboard")
 def checkpoints(out: Path) -> Path:
     """Where a run in `out` keeps its checkpoints (`step-N`, atomic)."""
     return out / "checkpoints"
-
-
-def progress_bars(show: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.fields[name]}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        disable=not show,
-    )
 
 
 async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
@@ -104,18 +92,40 @@ async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
 
 
 async def evaluate(run: TrainRun, step: int) -> EvalRecord:
-    """`eval.samples` episodes of each held-out instance with the weights after `step`."""
-    episodes = run.make_episodes(run.held, run.config.eval.samples, run.sampler)
+    """`eval.samples` attempts of each held-out instance with the weights after `step`,
+    recorded and scored as `agentrl eval` does, into `eval/step-N/`."""
+    samples = run.config.eval.samples
+    held = sorted({p.task for p in run.held})
+    spec = EvalSpec(
+        tasks={run.tasks[t].spec.name: run.tasks[t].hash for t in held},
+        paths=[str(Path(run.tasks[t].path).resolve()) for t in held],
+        policy=f"{run.out.resolve()} after step {step}",
+        temperature=run.config.temperature,
+    )
+    evaluation = Evaluation(eval_folder(run.out, step), spec, overwrite=True)
+    evaluation.start(run.run_id, run.config.provider)
+    episodes = run.make_episodes(run.held, samples, run.sampler)
     t0 = time.monotonic()
-    trajs = await run.rollout(episodes, f"eval after step {step}")
-    (run.out / "eval").mkdir(exist_ok=True)
-    store = TrajectoryStore(run.out / "eval" / f"step-{step:06d}.jsonl")
-    for t in trajs:
-        store.append(t)
-    scores = batch_metrics(trajs).model_dump()
-    record = EvalRecord(step=step, **scores, eval_s=round(time.monotonic() - t0, 2))
+    trajs = await run.rollout(episodes, f"eval after step {step}", evaluation.record)
+    asked = [
+        (run.tasks[p.task].spec.name, p.instance.id, a) for p in run.held for a in range(samples)
+    ]
+    overall = evaluation.results(asked, samples).scores.overall
+    record = EvalRecord(
+        step=step,
+        **batch_metrics(trajs).model_dump(),
+        pass_at_1=float("nan") if overall.pass_at_1 is None else overall.pass_at_1,
+        pass_at_1_ci95=overall.pass_at_1_ci95,
+        pass_at_k=overall.pass_at_k,
+        eval_s=round(time.monotonic() - t0, 2),
+    )
     run.metrics.write(record)
     return record
+
+
+def eval_folder(out: Path, step: int) -> Path:
+    """Where a run in `out` records its held-out evaluation after `step` steps."""
+    return out / "eval" / f"step-{step:06d}"
 
 
 def checkpoint(run: TrainRun, done: int, extra: dict[str, Any]) -> None:
@@ -124,7 +134,8 @@ def checkpoint(run: TrainRun, done: int, extra: dict[str, Any]) -> None:
     root = checkpoints(run.out)
     # What was written up to now: a resume drops what comes after.
     written = {"metrics_lines": run.metrics.lines, "trajectories": run.stored}
-    meta = {"step": done, "seed": run.config.seed, **written, **extra}
+    # `model` names the base the weights belong to (agentrl eval --policy exports them).
+    meta = {"step": done, "seed": run.config.seed, "model": run.config.model, **written, **extra}
     path = run.backend.save_checkpoint(root, meta, step=done)
     log.info("checkpoint %s", path)
     complete = sorted(p for p in root.glob("step-*") if ".tmp" not in p.name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import statistics
 from collections import Counter
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agentrl.runner import write_atomic
+from agentrl.scores import mean_interval
 
 if TYPE_CHECKING:
     from agentrl.train.plots import Board
@@ -37,16 +37,6 @@ def resident_mb() -> float:
         import resource
 
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def mean_interval(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% normal interval (0 with fewer than 2 values)."""
-    if not values:
-        return float("nan"), 0.0
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, 1.96 * statistics.stdev(values) / math.sqrt(len(values))
 
 
 class BatchMetrics(BaseModel):
@@ -107,10 +97,18 @@ def _per_episode(trajs: Sequence[Trajectory], count: Callable[[Trajectory], int]
 
 
 class EvalRecord(BatchMetrics):
-    """The held-out instances evaluated after `step` steps."""
+    """The held-out instances evaluated after `step` steps, scored as `agentrl eval`
+    scores (`agentrl.scores`): the attempts are in `eval/step-N/`."""
 
     kind: Literal["eval"] = "eval"
     step: int
+    pass_at_1: float = Field(
+        default=float("nan"), description="mean over instances of solved / graded attempts"
+    )
+    pass_at_1_ci95: float = Field(default=0.0, description="half-width of its 95% interval")
+    pass_at_k: dict[str, float] = Field(
+        default_factory=dict, description="k -> unbiased pass@k (Chen et al. 2021)"
+    )
     eval_s: float = Field(description="seconds the evaluation took")
     rss_mb: float = Field(default_factory=resident_mb, description="this process's memory, MiB")
 

@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agentrl.agent import Episode
 from agentrl.algorithms import compute_advantages, group_stats
 from agentrl.backends.base import samples_from
+from agentrl.runner import stream_episodes
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -66,6 +66,7 @@ class TrainRun:
     metrics: MetricsLog
     store: TrajectoryStore
     progress: Progress
+    run_id: str  # names its sandboxes (and `agentrl gc` finds them by it)
     stored: int = 0  # trajectories written (a checkpoint records it)
 
     def make_episodes(
@@ -95,19 +96,14 @@ class TrainRun:
             for k in range(samples)
         ]
 
-    async def rollout(self, episodes: list[Episode], what: str) -> list[Trajectory]:
-        """Every episode through a fresh dispatcher, in the order they finish."""
-        dispatcher = self.config.dispatcher.build()
-        bar = self.progress.add_task(what, total=len(episodes), name="episodes")
-        out: list[Trajectory] = []
-        try:
-            async with aclosing(dispatcher.run(episodes)) as stream:
-                async for traj in stream:
-                    out.append(traj)
-                    self.progress.update(bar, advance=1)
-        finally:
-            self.progress.remove_task(bar)
-        return out
+    async def rollout(
+        self, episodes: list[Episode], what: str, keep: Callable[[Trajectory], None] | None = None
+    ) -> list[Trajectory]:
+        """Every episode through a fresh dispatcher, each handed to `keep` as it finishes;
+        returns them in that order."""
+        return await stream_episodes(
+            episodes, self.config.dispatcher, keep or (lambda t: None), self.progress, what
+        )
 
     def keep(self, trajectory: Trajectory) -> None:
         """Append to trajectories.jsonl."""

@@ -1,0 +1,240 @@
+"""`agentrl eval`: k attempts of every instance of some tasks, recorded so that an
+interrupted evaluation continues where it stopped, then scored (`agentrl.scores`).
+
+An evaluation folder holds what `agentrl run` writes (`trajectories.jsonl` with the
+grades beside it, `run.json`), so `failures`, `replay` and the viewer read it as they
+read a run, plus:
+
+  eval.json     what is evaluated (tasks and their hashes, policy, overrides): a resume
+                must evaluate the same thing, or it is refused
+  results.json  the scores (`agentrl.scores.Scores`) of the attempts the command asked for
+
+Attempt a of instance i is the trajectory `i_a` of its task. Each is appended (fsynced)
+as it finishes, so a killed evaluation loses only the attempts in flight; run again, it
+keeps every recorded attempt and runs only the missing ones (a torn last line, from a
+kill mid-write, is dropped first). Asking for more attempts adds only those. Attempts
+that failed for infrastructure reasons are kept and reported apart; `retry_infra` runs
+them again in place of the failed records.
+
+Training's held-out evaluations are scored by the same `scores.score` and written in
+the same layout (`eval/step-N/` of a train run).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.agent import Episode
+from agentrl.errors import ConfigError, TrajectoryError
+from agentrl.preflight import preflight
+from agentrl.runner import (
+    RunInfo,
+    make_env,
+    progress_bars,
+    stream_episodes,
+    write_atomic,
+    write_run_info,
+)
+from agentrl.scores import Scores, score
+from agentrl.trajectory import Trajectory, TrajectoryStore
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.dispatch.base import DispatchConfig
+    from agentrl.inference.base import Sampler
+    from agentrl.sandbox.base import SandboxProvider
+    from agentrl.tasks.spec import Task
+
+EVAL_INFO = "eval.json"
+RESULTS = "results.json"
+TRAJECTORIES = "trajectories.jsonl"
+
+
+class EvalSpec(BaseModel):
+    """What an evaluation evaluates: a resume in the same folder must match it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: dict[str, str] = Field(description="task name -> the hash of its files")
+    paths: list[str] = Field(description="the task files, folders or row files, absolute")
+    policy: str
+    temperature: float | None = None
+    limits: dict[str, int] = Field(default_factory=dict, description="overridden limits")
+
+    def differences(self, other: EvalSpec) -> list[str]:
+        """What differs from `other`, in words (paths may move; the hashes may not)."""
+        out = []
+        if self.tasks.keys() != other.tasks.keys():
+            out.append(f"tasks {sorted(other.tasks)} vs {sorted(self.tasks)}")
+        else:
+            out += [f"task {n} changed" for n in self.tasks if self.tasks[n] != other.tasks[n]]
+        for field in ("policy", "temperature", "limits"):
+            if getattr(self, field) != getattr(other, field):
+                out.append(f"{field} {getattr(other, field)!r} vs {getattr(self, field)!r}")
+        return out
+
+
+class Results(BaseModel):
+    """results.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: EvalSpec
+    attempts: int = Field(description="attempts asked per instance (-k)")
+    scores: Scores
+
+
+Attempt = tuple[str, str, int]
+"""(task name, instance id, attempt index)."""
+
+
+def key(traj: Trajectory) -> Attempt:
+    """The attempt a trajectory records: its id is `<instance>_<attempt>`."""
+    return traj.task, traj.group_id, int(traj.trajectory_id.rsplit("_", 1)[1])
+
+
+def wanted(tasks: Sequence[Task], attempts: int) -> list[Attempt]:
+    """`attempts` attempts of every instance of `tasks`."""
+    return [
+        (task.spec.name, inst.id, a)
+        for task in tasks
+        for inst in task.instances
+        for a in range(attempts)
+    ]
+
+
+def recorded(path: Path) -> list[Trajectory]:
+    """The trajectories in `path` (none when it is missing). A torn last line, left by a
+    writer killed mid-append, is cut off the file first; a bad line elsewhere is an error."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        write_atomic_bytes(path, data[:cut])
+    return list(TrajectoryStore(path))
+
+
+def write_atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def drop_infra(path: Path, trajs: list[Trajectory]) -> list[Trajectory]:
+    """Rewrite `path` without the infrastructure failures among `trajs`; the kept ones."""
+    kept = [t for t in trajs if t.trainable]
+    if len(kept) < len(trajs):
+        write_atomic(path, "".join(t.to_json() + "\n" for t in kept))
+    return kept
+
+
+class Evaluation:
+    """One evaluation folder: its spec, what it recorded, what it still needs."""
+
+    def __init__(self, out: Path, spec: EvalSpec, *, overwrite: bool = False) -> None:
+        self.out, self.spec = out, spec
+        self.store = TrajectoryStore(out / TRAJECTORIES)
+        info = out / EVAL_INFO
+        if overwrite:
+            for name in (EVAL_INFO, RESULTS, TRAJECTORIES):
+                (out / name).unlink(missing_ok=True)
+        elif info.is_file():
+            before = EvalSpec.model_validate_json(info.read_text(encoding="utf-8"))
+            if differs := spec.differences(before):
+                raise ConfigError(
+                    f"{out} holds an evaluation of something else ({'; '.join(differs)})",
+                    fix="pick another --out, or add --overwrite to start it again",
+                )
+        elif (out / TRAJECTORIES).exists():
+            raise ConfigError(
+                f"{out} holds trajectories but no {EVAL_INFO}: not an evaluation folder",
+                fix="pick another --out (an empty or new folder)",
+            )
+        try:
+            self.done = recorded(out / TRAJECTORIES)
+        except TrajectoryError as e:
+            raise ConfigError(
+                f"{out}: its recorded attempts cannot be read: {e.message}",
+                fix="pick another --out, or add --overwrite to start it again",
+            ) from None
+
+    def start(self, run_id: str, provider: str, *, retry_infra: bool = False) -> None:
+        """Write eval.json and run.json, before any attempt is appended; with
+        `retry_infra`, drop the recorded infrastructure failures (they run again)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
+        write_run_info(self.out, RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths))
+        if retry_infra:
+            self.done = drop_infra(self.out / TRAJECTORIES, self.done)
+
+    def missing(self, wanted: Sequence[Attempt], *, retry_infra: bool = False) -> list[Attempt]:
+        """The attempts of `wanted` not recorded yet (with `retry_infra`, nor those
+        recorded as infrastructure failures), every instance's first attempt first."""
+        have = {key(t) for t in self.done if t.trainable or not retry_infra}
+        todo = [w for w in wanted if w not in have]
+        return sorted(todo, key=lambda w: w[2])  # stable: instances stay in file order
+
+    def record(self, traj: Trajectory) -> None:
+        self.store.append(traj)
+        self.done.append(traj)
+
+    def results(self, wanted: Sequence[Attempt], attempts: int) -> Results:
+        """Score the recorded attempts that `wanted` names, write results.json."""
+        order = {w: n for n, w in enumerate(wanted)}  # instances in the tasks' order
+        chosen = sorted((t for t in self.done if key(t) in order), key=lambda t: order[key(t)])
+        results = Results(spec=self.spec, attempts=attempts, scores=score(chosen))
+        write_atomic(self.out / RESULTS, results.model_dump_json(indent=2) + "\n")
+        return results
+
+
+async def run_attempts(
+    evaluation: Evaluation,
+    tasks: Sequence[Task],
+    todo: Sequence[Attempt],
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    provider: SandboxProvider,
+    dispatcher: DispatchConfig,
+    *,
+    retry_infra: bool = False,
+    show_progress: bool = True,
+) -> None:
+    """Run the attempts `todo` and record each as it finishes; nothing is written before
+    the preflight (sampler, prompts, one trial INIT per task) passes."""
+    run_id = f"eval-{uuid.uuid4().hex[:8]}"
+    by_name = {t.spec.name: t for t in tasks}
+    envs = {name: make_env(by_name[name], provider, run_id) for name, _, _ in todo}
+    await preflight(list(envs.values()), sampler, tokenizer)
+    evaluation.start(run_id, provider.name, retry_infra=retry_infra)
+    instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
+    episodes = [
+        Episode(by_name[name], instances[(name, inst)], a, sampler, tokenizer, envs[name])
+        for name, inst, a in todo
+    ]
+    with progress_bars(show_progress) as progress:
+        await stream_episodes(episodes, dispatcher, evaluation.record, progress, "eval")
+
+
+def results_of(path: Path) -> tuple[str, Scores]:
+    """(name, scores) of an evaluation folder, a train run's `eval/step-N` folder, or a
+    trajectories file (scored as it is)."""
+    if path.is_dir():
+        if (path / RESULTS).is_file():
+            results = Results.model_validate_json((path / RESULTS).read_text(encoding="utf-8"))
+            return str(path), results.scores
+        if (path / TRAJECTORIES).is_file():
+            return str(path), score(TrajectoryStore(path / TRAJECTORIES))
+        raise ConfigError(
+            f"{path} holds no {RESULTS} and no {TRAJECTORIES}",
+            fix="pass folders `agentrl eval --out` wrote, or a train run's eval/step-N folders",
+        )
+    if path.is_file():
+        return str(path), score(TrajectoryStore(path))
+    raise ConfigError(f"{path}: no such folder or file", fix="check the path")

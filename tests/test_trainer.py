@@ -148,6 +148,15 @@ def _check_a_whole_run(out: Path, config: Path, steps: int) -> list[dict[str, An
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, steps + 1))  # none repeated or skipped
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, steps]
+    for row in (r for r in rows if r["kind"] == "eval"):  # recorded as `agentrl eval` records
+        folder = out / "eval" / f"step-{row['step']:06d}"
+        results = json.loads((folder / "results.json").read_text())
+        overall = results["scores"]["overall"]
+        assert results["attempts"] == 2 and overall["attempts"] == row["episodes"] == 2
+        assert row["pass_at_k"] == overall["pass_at_k"] and set(row["pass_at_k"]) == {"1", "2"}
+        assert row["pass_at_1"] == pytest.approx(overall["pass_at_1"]) == row["pass_rate"]
+        assert len(list(TrajectoryStore(folder / "trajectories.jsonl"))) == 2
+        assert (folder / "run.json").is_file() and (folder / "eval.json").is_file()
     # The prompts an uninterrupted run takes: the data order is a function of seed and step.
     cfg, task = load_train_config(config), load_task(config.parent / "task.yaml")
     prompts, _ = split([task], cfg.eval.holdout_every)

@@ -60,14 +60,18 @@ def train(args: argparse.Namespace) -> int:
     table.add_column("held-out")
     table.add_column("step")
     table.add_column("reward (95% CI)")
+    table.add_column("pass@1 (95% CI)")
     table.add_column("episodes")
     for key in ("eval_before", "eval_after"):
         row = summary.get(key)
         if row:
             reward = f"{row['reward_mean']:.3f} +- {row['reward_ci95']:.3f}"
-            table.add_row(key.removeprefix("eval_"), str(row["step"]), reward, str(row["episodes"]))
+            solved = f"{row['pass_at_1']:.3f} +- {row['pass_at_1_ci95']:.3f}"
+            when, step, episodes = key.removeprefix("eval_"), str(row["step"]), str(row["episodes"])
+            table.add_row(when, step, reward, solved, episodes)
     console.print(table)
     console.print(f"metrics: {out / 'metrics.jsonl'}  reward curve: {out / 'reward.png'}")
+    console.print(f"held-out evaluations: {out / 'eval'} (agentrl eval --compare A B pairs two)")
     return 0
 
 

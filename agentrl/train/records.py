@@ -224,6 +224,9 @@ class EvalView(BaseModel):
     reward_mean: float
     reward_ci95: float
     pass_rate: float
+    pass_at_1: float = float("nan")
+    pass_at_1_ci95: float = 0.0
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
     episodes: int
 
 
@@ -246,7 +249,7 @@ class Summary(BaseModel):
         records = read_records(path)
         evals = [r for r in records if isinstance(r, EvalRecord)]
         train = [r for r in records if isinstance(r, TrainRecord)]
-        view = {"step", "reward_mean", "reward_ci95", "pass_rate", "episodes"}
+        view = set(EvalView.model_fields)
 
         def shown(r: EvalRecord) -> EvalView:
             return EvalView.model_validate(r.model_dump(include=view))

@@ -222,6 +222,33 @@ async def run_attempts(
         await stream_episodes(episodes, dispatcher, evaluation.record, progress, "eval")
 
 
+def plot_pass_at_k(scores: Scores, png: Path, title: str) -> None:
+    """pass@k against k for each task (and all of them), pass@1 with its 95% interval."""
+    from agentrl.figures import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = [*scores.tasks, scores.overall] if len(scores.tasks) > 1 else scores.tasks
+    for row in rows:
+        ks = [int(k) for k in row.pass_at_k]
+        line = ax.plot(ks, [100 * v for v in row.pass_at_k.values()], marker="o", label=row.task)
+        if row.pass_at_1 is not None:
+            ax.errorbar(
+                [1], [100 * row.pass_at_1], yerr=[100 * row.pass_at_1_ci95], capsize=4,
+                color=line[0].get_color(),
+            )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(k) for row in rows for k in row.pass_at_k})
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("k (attempts drawn)")
+    ax.set_ylabel("pass@k %")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    save(fig, png)
+
+
 def results_of(path: Path) -> tuple[str, Scores]:
     """(name, scores) of an evaluation folder, a train run's `eval/step-N` folder, or a
     trajectories file (scored as it is)."""

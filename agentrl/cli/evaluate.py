@@ -69,8 +69,14 @@ def evaluate(args: argparse.Namespace) -> int:
             raise
     results = evaluation.results(asked, args.attempts)
     _print_scores(results.scores, f"agentrl eval -> {out}")
-    console.print(f"results: {out / 'results.json'}  trajectories: {out / 'trajectories.jsonl'}")
     overall = results.scores.overall
+    console.print(f"results: {out / 'results.json'}  trajectories: {out / 'trajectories.jsonl'}")
+    if overall.pass_at_k:
+        from agentrl.evaluation import plot_pass_at_k
+
+        title = f"{out.name}: {overall.instances} instances, {args.attempts} attempts each"
+        plot_pass_at_k(results.scores, out / "pass_at_k.png", title)
+        console.print(f"pass@k plot: {out / 'pass_at_k.png'}")
     if overall.infra_failures:
         say = f"{overall.infra_failures} of {overall.attempts} attempts"
         err_console.print(

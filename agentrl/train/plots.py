@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from agentrl.figures import pyplot, save
 from agentrl.train.records import EvalRecord, TrainRecord, read_records
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 
 class Board(Protocol):
@@ -36,7 +33,7 @@ def tensorboard(folder: Path) -> Board | None:
 
 def plot_reward(metrics: Path, png: Path, name: str) -> None:
     """reward.png: the train batch reward per step, the held-out reward with its 95% CI."""
-    plt = _pyplot()
+    plt = pyplot()
     records = read_records(metrics)
     train = [r for r in records if isinstance(r, TrainRecord)]
     evals = [r for r in records if isinstance(r, EvalRecord)]
@@ -61,12 +58,12 @@ def plot_reward(metrics: Path, png: Path, name: str) -> None:
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(name)
     ax.legend(loc="upper left")
-    _save(fig, png)
+    save(fig, png)
 
 
 def plot_async(out: Path, name: str, max_staleness: int) -> None:
     """async.png: the admission counters over time, and the lag and token-age histograms."""
-    plt = _pyplot()
+    plt = pyplot()
     timeline = [json.loads(line) for line in (out / "admission.jsonl").read_text().splitlines()]
     records = read_records(out / "metrics.jsonl")
     train = [r for r in records if isinstance(r, TrainRecord) and r.lag is not None]
@@ -101,22 +98,4 @@ def plot_async(out: Path, name: str, max_staleness: int) -> None:
     ax_lag.set_xlabel("steps")
     ax_lag.set_title("lag (consumed - scheduled step)")
     ax_lag.legend(loc="upper right", fontsize=8)
-    _save(fig, out / "async.png")
-
-
-def _pyplot() -> ModuleType:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Figure, png: Path) -> None:
-    """Write `png` whole or not at all (a temporary file, then one rename)."""
-    fig.tight_layout()
-    tmp = png.with_name(png.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    _pyplot().close(fig)
-    tmp.replace(png)
+    save(fig, out / "async.png")

@@ -22,6 +22,7 @@ the same layout (`eval/step-N/` of a train run).
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 EVAL_INFO = "eval.json"
 RESULTS = "results.json"
 TRAJECTORIES = "trajectories.jsonl"
+PLOT = "pass_at_k.png"
 
 
 class EvalSpec(BaseModel):
@@ -139,13 +141,15 @@ class Evaluation:
     """One evaluation folder: its spec, what it recorded, what it still needs."""
 
     def __init__(self, out: Path, spec: EvalSpec, *, overwrite: bool = False) -> None:
-        self.out, self.spec = out, spec
+        """Read what `out` recorded (nothing with `overwrite`: `start` then removes it);
+        a folder holding another evaluation, or no evaluation, is refused."""
+        self.out, self.spec, self.overwrite = out, spec, overwrite
         self.store = TrajectoryStore(out / TRAJECTORIES)
-        info = out / EVAL_INFO
+        self.done: list[Trajectory] = []
         if overwrite:
-            for name in (EVAL_INFO, RESULTS, TRAJECTORIES):
-                (out / name).unlink(missing_ok=True)
-        elif info.is_file():
+            return
+        info = out / EVAL_INFO
+        if info.is_file():
             before = EvalSpec.model_validate_json(info.read_text(encoding="utf-8"))
             if differs := spec.differences(before):
                 raise ConfigError(
@@ -166,9 +170,14 @@ class Evaluation:
             ) from None
 
     def start(self, run_id: str, provider: str, *, retry_infra: bool = False) -> None:
-        """Write eval.json and run.json, before any attempt is appended; with
-        `retry_infra`, drop the recorded infrastructure failures (they run again)."""
+        """Write eval.json and run.json, before any attempt is appended: with `overwrite`,
+        remove what the folder recorded first; with `retry_infra`, drop the recorded
+        infrastructure failures (they run again)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.overwrite:
+            for name in (EVAL_INFO, RESULTS, TRAJECTORIES, PLOT):
+                (self.out / name).unlink(missing_ok=True)
+            shutil.rmtree(self.store.grades_dir, ignore_errors=True)
         write_atomic(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
         write_run_info(self.out, RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths))
         if retry_infra:

@@ -171,6 +171,13 @@ def test_an_evaluation_of_infrastructure_failures_only_fails_and_says_why(tmp_pa
     retried = agentrl(*command, "--retry-infra")  # run again, in their place
     assert retried.returncode == 1 and "already recorded" not in retried.stdout
     assert sorted(t for _, t in attempts(out)) == ["a_0", "a_1", "b_0", "b_1"]
+    fresh = agentrl(*command[:2], "-k", "1", *command[4:], "--overwrite")  # started again
+    assert fresh.returncode == 1 and "already recorded" not in fresh.stdout
+    assert sorted(t for _, t in attempts(out)) == ["a_0", "b_0"]
+    assert sorted(p.name for p in (out / "trajectories.grades").iterdir()) == [
+        "a_0.json",
+        "b_0.json",
+    ]
 
 
 def test_bad_input_is_one_line_and_a_fix(tmp_path: Path) -> None:

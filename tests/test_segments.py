@@ -34,7 +34,8 @@ from agentrl.algorithms import LossConfig, compute_advantages
 from agentrl.backends.base import Sample, samples_from
 from agentrl.errors import TrajectoryError
 from agentrl.inference.base import Completion, SamplingParams
-from agentrl.inference.local import LocalSampler, model_tokenizer
+from agentrl.inference.embedded import model_tokenizer
+from agentrl.inference.local import LocalSampler
 from agentrl.runner import make_env, run_task
 from agentrl.sandbox.local import LocalProvider
 from agentrl.tasks.load import load_task

@@ -307,7 +307,7 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(
 
 
 def test_a_model_folder_without_a_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
-    from agentrl.inference.local import model_tokenizer
+    from agentrl.inference.embedded import model_tokenizer
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ConfigError, match="no tokenizer could be loaded from it") as e:

@@ -148,6 +148,6 @@ def _prompt_tokenizer(model: str) -> PreTrainedTokenizerBase | None:
 
         fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(folder)
         return fast
-    from agentrl.inference.local import model_tokenizer
+    from agentrl.inference.embedded import model_tokenizer
 
     return model_tokenizer(model)

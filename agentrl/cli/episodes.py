@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl.dispatch import DispatchConfig
     from agentrl.inference.config import parse_policy
-    from agentrl.inference.embedded import load_tokenizer
+    from agentrl.inference.embedded import model_tokenizer
     from agentrl.runner import run_task, select_instances, with_overrides
     from agentrl.sandbox import provider
     from agentrl.tasks.formats import load_any
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
     sampler_config = parse_policy(args.policy)
-    tokenizer = load_tokenizer()
+    tokenizer = model_tokenizer(sampler_config.tokenizer_model())
     sampler = sampler_config.build(tokenizer=tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -170,10 +170,10 @@ def replay(args: argparse.Namespace) -> int:
         return 0 if code in (0, 130) else code
     if args.policy:
         from agentrl.inference.config import parse_policy
-        from agentrl.inference.embedded import load_tokenizer
+        from agentrl.inference.embedded import model_tokenizer
 
         policy = parse_policy(args.policy)
-        tokenizer = load_tokenizer()
+        tokenizer = model_tokenizer(policy.tokenizer_model())
         sampler = policy.build(tokenizer=tokenizer)
 
         async def go() -> tuple[Trajectory, replay.Divergence | None]:

@@ -40,9 +40,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from agentrl.evaluation import EvalSpec, Evaluation, wanted
 
     tasks = _load(args)
-    policy = args.policy
-    if Path(policy).exists():  # a checkpoint or model folder: named the same from anywhere
-        policy = str(Path(policy).resolve())
+    policy = _policy_name(args.policy)
     spec = EvalSpec(
         tasks={t.spec.name: t.hash for t in tasks},
         paths=[str(Path(t.path).resolve()) for t in tasks],
@@ -72,11 +70,11 @@ def evaluate(args: argparse.Namespace) -> int:
     overall = results.scores.overall
     console.print(f"results: {out / 'results.json'}  trajectories: {out / 'trajectories.jsonl'}")
     if overall.pass_at_k:
-        from agentrl.evaluation import plot_pass_at_k
+        from agentrl.evaluation import PLOT, plot_pass_at_k
 
         title = f"{out.name}: {overall.instances} instances, {args.attempts} attempts each"
-        plot_pass_at_k(results.scores, out / "pass_at_k.png", title)
-        console.print(f"pass@k plot: {out / 'pass_at_k.png'}")
+        plot_pass_at_k(results.scores, out / PLOT, title)
+        console.print(f"pass@k plot: {out / PLOT}")
     if overall.infra_failures:
         say = f"{overall.infra_failures} of {overall.attempts} attempts"
         err_console.print(
@@ -134,6 +132,17 @@ def _load(args: argparse.Namespace) -> list[Task]:
     return tasks
 
 
+def _policy_name(policy: str) -> str:
+    """What the evaluation records as its policy: a train run as the checkpoint it means
+    now (a resume after training went on must not mix two), a folder by its absolute path."""
+    from agentrl.inference.config import CheckpointSamplerConfig, parse_policy
+
+    config = parse_policy(policy)
+    if isinstance(config, CheckpointSamplerConfig):
+        return config.path
+    return str(Path(policy).resolve()) if Path(policy).is_dir() else policy
+
+
 def _default_name(tasks: list[Task], policy: str) -> str:
     """`eval-<task>[+N]-<policy>`: the same command writes (and resumes) the same folder."""
     more = f"+{len(tasks) - 1}" if len(tasks) > 1 else ""
@@ -149,13 +158,13 @@ def _run(
     from agentrl.dispatch import DispatchConfig
     from agentrl.evaluation import run_attempts
     from agentrl.inference.config import parse_policy
-    from agentrl.inference.local import model_tokenizer
+    from agentrl.inference.embedded import model_tokenizer
     from agentrl.sandbox import provider
 
     dispatcher = TypeAdapter(DispatchConfig).validate_python(
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
-    policy = parse_policy(args.policy)
+    policy = parse_policy(evaluation.spec.policy)
     tokenizer = model_tokenizer(policy.tokenizer_model())
     sampler = policy.build(tokenizer=tokenizer)
 

@@ -219,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.set_defaults(func=serving.serve)
 
+    x = sub.add_parser(
+        "export", help="a train run's checkpoint as a model folder (vllm serve, agentrl serve)"
+    )
+    x.add_argument("checkpoint", type=Path, help="a train run folder (its newest) or checkpoint")
+    x.add_argument("out", type=Path, help="a new folder to write")
+    x.set_defaults(func=serving.export)
+
     st = sub.add_parser(
         "serve-tinker",
         help="serve a model for training and sampling over the Tinker API (tinker SDK 0.38)",

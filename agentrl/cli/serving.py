@@ -49,8 +49,8 @@ def serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from agentrl.errors import ConfigError
-    from agentrl.inference.embedded import EMBEDDED_NAME
-    from agentrl.inference.local import LocalSampler, model_tokenizer
+    from agentrl.inference.embedded import EMBEDDED_NAME, model_tokenizer
+    from agentrl.inference.local import LocalSampler
     from agentrl.inference.serve import serve
 
     if args.model != "embedded" and not (Path(args.model) / "config.json").is_file():
@@ -109,4 +109,13 @@ def serve_tinker(args: argparse.Namespace) -> int:
         _wait_for_stop()
     finally:
         server.close()
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from agentrl.inference.checkpoints import export_model
+
+    with console.status(f"exporting {args.checkpoint} ..."):
+        out = export_model(args.checkpoint, args.out)
+    console.print(f"{out}: a model folder (`vllm serve {out}` or `agentrl serve --model {out}`)")
     return 0

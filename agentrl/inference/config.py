@@ -1,8 +1,9 @@
 """Sampler configs: which policy writes an episode's replies, as one discriminated union.
 
-`--policy local|openai:URL|router:URL,URL|scripted:FILE` and a train config's `servers:`
-block both parse into `SamplerConfig`; each variant builds its sampler lazily, so this
-module imports neither torch, transformers nor ray.
+`--policy local|openai:URL|router:URL,URL|scripted:FILE|FOLDER` and a train config's
+`servers:` block both parse into `SamplerConfig`; each variant builds its sampler lazily,
+so this module imports neither torch, transformers nor ray. Each also names the model
+whose tokenizer its replies are in (`tokenizer_model`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def tokenizer_model(self) -> str:
+        """Whose tokenizer the replies are in: 'embedded' or a model folder. A server's
+        model is out of sight: the embedded one unless a variant says otherwise."""
+        return "embedded"
 
 
 class LocalSamplerConfig(_Model):
@@ -51,6 +57,36 @@ class LocalSamplerConfig(_Model):
         sampler = LocalSampler.for_model(self.model)
         sampler.publish_pause = self.publish_pause
         return sampler
+
+    def tokenizer_model(self) -> str:
+        """Whose tokenizer the replies are in: 'embedded' or a model folder."""
+        return self.model
+
+
+class CheckpointSamplerConfig(_Model):
+    """A train run's checkpoint, exported once to a model folder (in the cache) and
+    sampled in this process like `local`."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    path: str = Field(
+        description="a train run folder (its newest checkpoint) or a checkpoints/step-N folder"
+    )
+
+    def build(
+        self,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        publish_dir: Path | None = None,
+    ) -> LocalSampler:
+        from agentrl.inference.local import LocalSampler
+
+        return LocalSampler.for_model(self.tokenizer_model())
+
+    def tokenizer_model(self) -> str:
+        """The exported model folder (exported here on first use)."""
+        from agentrl.inference.checkpoints import checkpoint_model
+
+        return str(checkpoint_model(self.path))
 
 
 class OpenAISamplerConfig(_Model):
@@ -146,20 +182,27 @@ class ScriptedSamplerConfig(_Model):
 
 
 SamplerConfig = Annotated[
-    LocalSamplerConfig | OpenAISamplerConfig | RouterConfig | ScriptedSamplerConfig,
+    LocalSamplerConfig
+    | CheckpointSamplerConfig
+    | OpenAISamplerConfig
+    | RouterConfig
+    | ScriptedSamplerConfig,
     Field(discriminator="type"),
 ]
 
 POLICY_FIX = (
-    "use --policy local, --policy scripted:FILE, --policy openai:http://HOST:PORT or "
-    "--policy router:http://HOST:PORT,http://HOST:PORT"
+    "use --policy local, --policy scripted:FILE, --policy openai:http://HOST:PORT, "
+    "--policy router:http://HOST:PORT,http://HOST:PORT, or --policy FOLDER (a train run, "
+    "one of its checkpoints, or a model folder)"
 )
 
 
 def parse_policy(spec: str) -> SamplerConfig:
     """`--policy`: `local` (the embedded model), `scripted:FILE`, `openai:URL` (a
     vLLM-compatible server; `http://host:port` or `.../v1`, e.g. what `agentrl serve`
-    prints), or `router:URL,URL,...` (several, sessions sticky to one)."""
+    prints), `router:URL,URL,...` (several, sessions sticky to one), or a folder: a train
+    run or one of its checkpoints (exported to a model folder, sampled in process), or a
+    model folder (config.json: sampled in process)."""
     kind, _, arg = spec.partition(":")
     try:
         if kind == "local" and not arg:
@@ -172,4 +215,19 @@ def parse_policy(spec: str) -> SamplerConfig:
             return RouterConfig(urls=[u for u in arg.split(",") if u.strip()])
     except ValidationError:
         pass  # e.g. router: with only commas
+    if Path(spec).is_dir():
+        return _folder_policy(Path(spec))
     raise ConfigError(f"unknown policy {spec!r}", fix=POLICY_FIX)
+
+
+def _folder_policy(folder: Path) -> LocalSamplerConfig | CheckpointSamplerConfig:
+    from agentrl.inference.checkpoints import CHECKPOINT_FIX, find_checkpoint, holds_checkpoints
+
+    if holds_checkpoints(folder):  # resolved now: a run still training may save newer ones
+        return CheckpointSamplerConfig(path=str(find_checkpoint(folder).resolve()))
+    if (folder / "config.json").is_file():
+        return LocalSamplerConfig(model=str(folder.resolve()))
+    raise ConfigError(
+        f"policy {folder}: neither a train run, a checkpoint nor a model folder (config.json)",
+        fix=f"{CHECKPOINT_FIX}; or a Hugging Face model folder",
+    )

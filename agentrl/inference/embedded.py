@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentrl.errors import ModelNotFoundError
+from agentrl.errors import ConfigError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -108,3 +108,19 @@ def load_model() -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(model_dir(), dtype="float32")
     model.eval()
     return model
+
+
+def model_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of `model`: the embedded model's, or the one saved in its folder."""
+    if model == "embedded":
+        return load_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"model {model}: no tokenizer could be loaded from it ({e})".splitlines()[0],
+            fix="save the model's tokenizer in that folder (tokenizer.save_pretrained)",
+        ) from e
+    return tokenizer

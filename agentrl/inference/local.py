@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.decode import Decoder, Request
+from agentrl.inference.embedded import model_tokenizer
 from agentrl.inference.engine import BatchEngine, PauseMode, SamplerStats
 
 SEED_RANGE = range(-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed accepts
@@ -252,21 +253,3 @@ def _ids(value: int | list[int] | None) -> list[int]:
     if value is None:
         return []
     return [value] if isinstance(value, int) else list(value)
-
-
-def model_tokenizer(model: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of `model`: the embedded model's, or the one saved in its folder."""
-    from agentrl.inference.embedded import load_tokenizer
-
-    if model == "embedded":
-        return load_tokenizer()
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"model {model}: no tokenizer could be loaded from it ({e})".splitlines()[0],
-            fix="save the model's tokenizer in that folder (tokenizer.save_pretrained)",
-        ) from e
-    return tokenizer

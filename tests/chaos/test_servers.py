@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.inference.local import LocalSampler, model_tokenizer
+from agentrl.inference.embedded import model_tokenizer
+from agentrl.inference.local import LocalSampler
 from agentrl.inference.serve import CompletionServer, serve
 from agentrl.inference.vllm_api import CompletionRequest
 

@@ -87,7 +87,9 @@ def test_a_task_scored_by_hand() -> None:
     assert task.pass_at_k["2"] == pytest.approx((5 / 6 + 1 + 0 + 2 / 3) / 4)
     # pass@4: only a (1 - C(2,4)/C(4,4) = 1) and c (0) have 4 graded attempts
     assert task.pass_at_k["4"] == pytest.approx(0.5) and task.pass_at_k_instances["4"] == 2
-    assert list(task.pass_at_k) == ["1", "2", "4"] and task.pass_at_k["1"] == pytest.approx(task.pass_at_1)
+    assert list(task.pass_at_k) == ["1", "2", "4"] and task.pass_at_k["1"] == pytest.approx(
+        task.pass_at_1
+    )
     assert task.stop_reasons == {"finished": 13, "sandbox_error": 1}
     assert scores.overall.pass_at_1 == task.pass_at_1
 

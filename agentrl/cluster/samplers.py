@@ -29,7 +29,7 @@ class SamplerReplica:
     def __init__(self, local: LocalSamplerConfig) -> None:
         import ray
 
-        from agentrl.inference.local import model_tokenizer
+        from agentrl.inference.embedded import model_tokenizer
         from agentrl.inference.serve import serve
 
         self.sampler = local.build()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.errors import ConfigError
-from agentrl.inference.local import model_tokenizer
+from agentrl.inference.embedded import model_tokenizer
 from agentrl.preflight import preflight
 from agentrl.runner import RunInfo, make_env, progress_bars, write_run_info
 from agentrl.train.data import at_temperature, run_temperature, split

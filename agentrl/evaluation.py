@@ -22,6 +22,8 @@ the same layout (`eval/step-N/` of a train run).
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -41,8 +43,8 @@ from agentrl.runner import (
     write_atomic,
     write_run_info,
 )
-from agentrl.scores import Scores, score
-from agentrl.trajectory import Trajectory, TrajectoryStore
+from agentrl.scores import Outcome, Scores, score
+from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -93,12 +95,7 @@ class Results(BaseModel):
 
 
 Attempt = tuple[str, str, int]
-"""(task name, instance id, attempt index)."""
-
-
-def key(traj: Trajectory) -> Attempt:
-    """The attempt a trajectory records: its id is `<instance>_<attempt>`."""
-    return traj.task, traj.group_id, int(traj.trajectory_id.rsplit("_", 1)[1])
+"""(task name, instance id, attempt index): the trajectory `<instance>_<attempt>`."""
 
 
 def wanted(tasks: Sequence[Task], attempts: int) -> list[Attempt]:
@@ -111,30 +108,36 @@ def wanted(tasks: Sequence[Task], attempts: int) -> list[Attempt]:
     ]
 
 
-def recorded(path: Path) -> list[Trajectory]:
-    """The trajectories in `path` (none when it is missing). A torn last line, left by a
-    writer killed mid-append, is cut off the file first; a bad line elsewhere is an error."""
+def recorded(path: Path) -> list[Outcome]:
+    """The outcomes of the attempts in `path` (none when it is missing), read one record
+    at a time. A torn last line, left by a writer killed mid-append, is cut off the file
+    first; a bad line elsewhere is an error."""
     if not path.is_file():
         return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        write_atomic_bytes(path, data[:cut])
-    return list(TrajectoryStore(path))
+    with path.open("rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        while end:  # back from the end to the last newline, a block at a time
+            start = max(0, end - 65536)
+            f.seek(start)
+            block = f.read(end - start)
+            if (n := block.rfind(b"\n")) >= 0 or start == 0:
+                f.truncate(start + n + 1)  # n = -1: no whole line at all
+                break
+            end = start
+    return [Outcome.of(t) for t in TrajectoryStore(path)]
 
 
-def write_atomic_bytes(path: Path, data: bytes) -> None:
+def drop_infra(path: Path) -> None:
+    """Rewrite `path` without its infrastructure failures (atomically)."""
+    if not path.is_file():
+        return
+    infra = {r.value for r in INFRA_STOP_REASONS}
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
+    with path.open("rb") as src, tmp.open("wb") as dst:
+        for line in src:
+            if line.strip() and json.loads(line)["stop_reason"] not in infra:
+                dst.write(line)
     tmp.replace(path)
-
-
-def drop_infra(path: Path, trajs: list[Trajectory]) -> list[Trajectory]:
-    """Rewrite `path` without the infrastructure failures among `trajs`; the kept ones."""
-    kept = [t for t in trajs if t.trainable]
-    if len(kept) < len(trajs):
-        write_atomic(path, "".join(t.to_json() + "\n" for t in kept))
-    return kept
 
 
 class Evaluation:
@@ -145,7 +148,7 @@ class Evaluation:
         a folder holding another evaluation, or no evaluation, is refused."""
         self.out, self.spec, self.overwrite = out, spec, overwrite
         self.store = TrajectoryStore(out / TRAJECTORIES)
-        self.done: list[Trajectory] = []
+        self.done: list[Outcome] = []
         if overwrite:
             return
         info = out / EVAL_INFO
@@ -181,23 +184,24 @@ class Evaluation:
         write_atomic(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
         write_run_info(self.out, RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths))
         if retry_infra:
-            self.done = drop_infra(self.out / TRAJECTORIES, self.done)
+            drop_infra(self.out / TRAJECTORIES)
+            self.done = [o for o in self.done if o.graded]
 
     def missing(self, wanted: Sequence[Attempt], *, retry_infra: bool = False) -> list[Attempt]:
         """The attempts of `wanted` not recorded yet (with `retry_infra`, nor those
         recorded as infrastructure failures), every instance's first attempt first."""
-        have = {key(t) for t in self.done if t.trainable or not retry_infra}
+        have = {o.key for o in self.done if o.graded or not retry_infra}
         todo = [w for w in wanted if w not in have]
         return sorted(todo, key=lambda w: w[2])  # stable: instances stay in file order
 
     def record(self, traj: Trajectory) -> None:
         self.store.append(traj)
-        self.done.append(traj)
+        self.done.append(Outcome.of(traj))
 
     def results(self, wanted: Sequence[Attempt], attempts: int) -> Results:
         """Score the recorded attempts that `wanted` names, write results.json."""
         order = {w: n for n, w in enumerate(wanted)}  # instances in the tasks' order
-        chosen = sorted((t for t in self.done if key(t) in order), key=lambda t: order[key(t)])
+        chosen = sorted((o for o in self.done if o.key in order), key=lambda o: order[o.key])
         results = Results(spec=self.spec, attempts=attempts, scores=score(chosen))
         write_atomic(self.out / RESULTS, results.model_dump_json(indent=2) + "\n")
         return results

@@ -12,7 +12,7 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -185,28 +185,24 @@ async def stream_episodes(
     keep: Callable[[Trajectory], None],
     progress: Progress,
     name: str,
-) -> list[Trajectory]:
+) -> None:
     """Run `episodes` through a fresh dispatcher, handing each trajectory to `keep` as it
-    finishes, under a bar `name` that shows the reward mean so far; returns them in the
-    order they finished."""
-    out: list[Trajectory] = []
+    finishes (nothing else holds it), under a bar `name` showing the reward mean so far."""
+    graded, total, infra = 0, 0.0, 0
     bar = progress.add_task("", total=len(episodes), name=name)
     try:
         async with aclosing(dispatcher.build().run(episodes)) as stream:
             async for traj in stream:
                 keep(traj)
-                out.append(traj)
-                progress.update(bar, advance=1, description=_so_far(out))
+                if traj.trainable:
+                    graded, total = graded + 1, total + (traj.reward or 0.0)
+                else:
+                    infra += 1
+                mean = f"{total / graded:.2f}" if graded else "-"
+                shown = f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
+                progress.update(bar, advance=1, description=shown)
     finally:
         progress.remove_task(bar)
-    return out
-
-
-def _so_far(trajs: Sequence[Trajectory]) -> str:
-    graded = [t.reward or 0.0 for t in trajs if t.trainable]
-    mean = f"{statistics.fmean(graded):.2f}" if graded else "-"
-    infra = len(trajs) - len(graded)
-    return f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
 
 
 async def run_task(
@@ -234,7 +230,10 @@ async def run_task(
         for k in range(samples)
     ]
 
+    done: list[Trajectory] = []
+
     def keep(traj: Trajectory) -> None:
+        done.append(traj)
         store.append(traj)
         with conversations.open("a", encoding="utf-8") as f:  # what the model saw
             messages = conversation(task, traj, tokenizer).messages
@@ -243,7 +242,7 @@ async def run_task(
 
     start = time.monotonic()
     with progress_bars(show_progress) as progress:
-        done = await stream_episodes(
+        await stream_episodes(
             episodes, dispatcher or PipelineConfig(concurrency=4), keep, progress, task.spec.name
         )
     summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)

@@ -28,12 +28,10 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 SOLVED_AT = 1.0  # a graded attempt with reward >= this is a success
 Z95 = 1.96
@@ -67,6 +65,50 @@ def ks_up_to(n: int) -> list[int]:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Outcome(_Model):
+    """What scoring needs of one attempt: a few numbers, not its tokens (an evaluation of
+    thousands of long episodes holds these, never the trajectories)."""
+
+    task: str
+    instance: str
+    attempt: int
+    graded: bool = Field(description="the outcome was the agent's (no infrastructure failure)")
+    reward: float | None
+    stop_reason: str
+    turns: int = Field(description="action turns")
+    sampled_tokens: int
+    total_tokens: int = Field(description="prompt + response tokens over every segment")
+    seconds: float | None = Field(description="wall seconds, INIT to grade")
+    error: str | None = None
+    fix: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.task, self.instance, self.attempt
+
+    @property
+    def solved(self) -> bool:
+        return self.graded and self.reward is not None and self.reward >= SOLVED_AT
+
+    @classmethod
+    def of(cls, t: Trajectory) -> Outcome:
+        """Attempt `a` of instance `i` is the trajectory `i_a` (its `group_id` is `i`)."""
+        return cls(
+            task=t.task,
+            instance=t.group_id,
+            attempt=int(t.trajectory_id.rsplit("_", 1)[1]),
+            graded=t.trainable and t.reward is not None,
+            reward=t.reward,
+            stop_reason=t.stop_reason.value,
+            turns=sum(u.kind == "action" for u in t.turns),
+            sampled_tokens=t.num_sampled,
+            total_tokens=sum(len(g.prompt_ids) + len(g.response_ids) for g in t.ledgers()),
+            seconds=round(sum(t.seconds.values()), 3) if t.seconds else None,
+            error=t.error,
+            fix=t.fix,
+        )
 
 
 class InstanceScore(_Model):
@@ -120,34 +162,30 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def score_instance(task: str, instance: str, trajs: Sequence[Trajectory]) -> InstanceScore:
-    graded = [t for t in trajs if t.trainable and t.reward is not None]
-    solved = sum(t.reward is not None and t.reward >= SOLVED_AT for t in graded)
-    seconds = [sum(t.seconds.values()) for t in trajs if t.seconds]
+def score_instance(task: str, instance: str, outcomes: Sequence[Outcome]) -> InstanceScore:
+    graded = [o for o in outcomes if o.graded]
+    solved = sum(o.solved for o in graded)
     return InstanceScore(
         task=task,
         instance=instance,
-        attempts=len(trajs),
+        attempts=len(outcomes),
         graded=len(graded),
         solved=solved,
-        infra_failures=sum(not t.trainable for t in trajs),
+        infra_failures=len(outcomes) - len(graded),
         pass_at_1=solved / len(graded) if graded else None,
-        reward_mean=_mean([t.reward for t in graded if t.reward is not None]),
-        turns_mean=_mean([sum(u.kind == "action" for u in t.turns) for t in graded]),
-        sampled_tokens_mean=_mean([t.num_sampled for t in graded]),
-        total_tokens_mean=_mean(
-            [sum(len(g.prompt_ids) + len(g.response_ids) for g in t.ledgers()) for t in graded]
-        ),
-        seconds_mean=_mean(seconds),
-        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        reward_mean=_mean([o.reward for o in graded if o.reward is not None]),
+        turns_mean=_mean([o.turns for o in graded]),
+        sampled_tokens_mean=_mean([o.sampled_tokens for o in graded]),
+        total_tokens_mean=_mean([o.total_tokens for o in graded]),
+        seconds_mean=_mean([o.seconds for o in outcomes if o.seconds is not None]),
+        stop_reasons=dict(Counter(o.stop_reason for o in outcomes)),
     )
 
 
 def score_task(
-    task: str, instances: Sequence[InstanceScore], trajs: Sequence[Trajectory]
+    task: str, instances: Sequence[InstanceScore], outcomes: Sequence[Outcome]
 ) -> TaskScore:
-    """`instances` of one task (or of all), `trajs` their attempts (for the rewards and the
-    first infrastructure error)."""
+    """`instances` of one task (or of all), `outcomes` their attempts."""
     scored = [i for i in instances if i.pass_at_1 is not None]
     if len(scored) == 1:  # one instance: the interval is over its attempts
         only = scored[0]
@@ -162,48 +200,42 @@ def score_task(
         per = [p for i in instances if (p := pass_at_k(i.graded, i.solved, k)) is not None]
         if per:
             pass_k[str(k)], counted[str(k)] = statistics.fmean(per), len(per)
-    rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
+    rewards = [o.reward for o in outcomes if o.graded and o.reward is not None]
     reward, reward_half = mean_interval(rewards)
-    infra = [t for t in trajs if not t.trainable]
-    attempts = sum(i.attempts for i in instances)
+    infra = [o for o in outcomes if not o.graded]
     return TaskScore(
         task=task,
         instances=len(instances),
-        attempts=attempts,
-        graded=sum(i.graded for i in instances),
+        attempts=len(outcomes),
+        graded=len(outcomes) - len(infra),
         solved=sum(i.solved for i in instances),
         infra_failures=len(infra),
-        infra_share=len(infra) / attempts if attempts else 0.0,
+        infra_share=len(infra) / len(outcomes) if outcomes else 0.0,
         pass_at_1=p1 if values else None,
         pass_at_1_ci95=p1_half,
         pass_at_k=pass_k,
         pass_at_k_instances=counted,
         reward_mean=reward if rewards else None,
         reward_ci95=reward_half,
-        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        stop_reasons=dict(Counter(o.stop_reason for o in outcomes)),
         first_infra_error=infra[0].error if infra else None,
         first_infra_fix=infra[0].fix if infra else None,
     )
 
 
-def score(trajs: Iterable[Trajectory]) -> Scores:
-    """Every instance's attempts (grouped by task and `group_id`), each task, and all."""
-    by_instance: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_instance[(t.task, t.group_id)].append(t)
-    instances = [score_instance(task, inst, ts) for (task, inst), ts in by_instance.items()]
+def score(attempts: Iterable[Outcome | Trajectory]) -> Scores:
+    """Every instance's attempts (trajectories or their outcomes), each task, and all."""
+    outcomes = [a if isinstance(a, Outcome) else Outcome.of(a) for a in attempts]
+    by_instance: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        by_instance[(o.task, o.instance)].append(o)
+    instances = [score_instance(task, inst, os) for (task, inst), os in by_instance.items()]
     tasks = []
     for name in dict.fromkeys(task for task, _ in by_instance):
         mine = [i for i in instances if i.task == name]
-        tasks.append(score_task(name, mine, _attempts(by_instance, name)))
-    overall = score_task("all", instances, _attempts(by_instance, None))
+        tasks.append(score_task(name, mine, [o for o in outcomes if o.task == name]))
+    overall = score_task("all", instances, outcomes)
     return Scores(overall=overall, tasks=tasks, instances=instances)
-
-
-def _attempts(
-    by_instance: dict[tuple[str, str], list[Trajectory]], task: str | None
-) -> list[Trajectory]:
-    return [t for (name, _), ts in by_instance.items() if task in (None, name) for t in ts]
 
 
 class Change(_Model):

@@ -1,12 +1,14 @@
 """pass@1, pass@k and the paired comparison (agentrl.scores) against values worked out by
-hand; the trajectories are real records (validated), only their rewards are chosen."""
+hand, and how an evaluation reads its recorded attempts back; the trajectories are real
+records (validated), only their rewards are chosen."""
 
 from __future__ import annotations
 
 import pytest
 
+from agentrl.evaluation import drop_infra, recorded
 from agentrl.scores import compare, ks_up_to, pass_at_k, score
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 
 
 def attempt(instance: str, a: int, reward: float | None, task: str = "t") -> Trajectory:
@@ -142,3 +144,23 @@ def test_a_constant_difference_has_no_spread() -> None:
     a = score([attempt(f"i{n}", k, 0.0) for n in range(5) for k in range(2)])
     b = score([attempt(f"i{n}", k, 1.0) for n in range(5) for k in range(2)])
     assert compare(a, b).ci95 == (1.0, 1.0)
+
+
+def test_a_torn_last_line_is_cut_and_infrastructure_failures_can_be_dropped(tmp_path) -> None:
+    path = tmp_path / "trajectories.jsonl"
+    store = TrajectoryStore(path)
+    for t in (attempt("a", 0, 1.0), attempt("a", 1, None), attempt("b", 0, 0.0)):
+        store.append(t)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"schema_version": 1, "trajectory_id": "b_')  # killed mid-write
+    outcomes = recorded(path)
+    assert path.read_bytes() == whole  # cut back to the last whole line, nothing else
+    assert [o.key for o in outcomes] == [("t", "a", 0), ("t", "a", 1), ("t", "b", 0)]
+    assert [o.graded for o in outcomes] == [True, False, True]
+    assert outcomes[0].seconds == 3.5 and outcomes[0].sampled_tokens == 2
+    assert outcomes[0].total_tokens == 5 and outcomes[1].error == "the sandbox died"
+    drop_infra(path)
+    assert [o.key for o in recorded(path)] == [("t", "a", 0), ("t", "b", 0)]
+    path.write_bytes(b'{"schema_version": 1')  # nothing whole at all
+    assert recorded(path) == [] and path.read_bytes() == b""
+    assert recorded(tmp_path / "missing.jsonl") == []

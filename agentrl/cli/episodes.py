@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.sandbox import provider
     from agentrl.tasks.formats import load_any
 
-    task = select_instances(load_any(args.task), _ids(args.instances))
+    task = select_instances(load_any(args.task), instance_ids(args.instances))
     task = with_overrides(task, limit_overrides(args))
     snapshots = None
     if args.snapshots is not None:
@@ -92,7 +92,7 @@ def limit_overrides(args: argparse.Namespace) -> dict[str, int]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _ids(text: str | None) -> list[str] | None:
+def instance_ids(text: str | None) -> list[str] | None:
     """`--instances a,b,c` as a list (None: every instance)."""
     if not text:
         return None
@@ -120,7 +120,7 @@ def check(args: argparse.Namespace) -> int:
         rows = check_paths(
             args.paths,
             provider(args.provider),
-            instances=_ids(args.instances),
+            instances=instance_ids(args.instances),
             concurrency=args.concurrency,
         )
     table = Table(title="agentrl check: the oracle must earn 1.0, doing nothing less")

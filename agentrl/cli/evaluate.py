@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.cli.episodes import _ids, limit_overrides
+from agentrl.cli.episodes import instance_ids, limit_overrides
 from agentrl.cli.output import console, err_console, tag
 from agentrl.errors import ConfigError
 
@@ -103,7 +103,7 @@ def _load(args: argparse.Namespace) -> list[Task]:
     from agentrl.runner import select_instances, with_overrides
     from agentrl.tasks.formats import load_any
 
-    ids = _ids(args.instances)
+    ids = instance_ids(args.instances)
     tasks = [load_any(p) for p in args.tasks]
     if ids:
         have = {i.id for t in tasks for i in t.instances}

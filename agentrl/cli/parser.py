@@ -61,6 +61,22 @@ POLICY_HELP = (
 )
 
 
+def _episode_options(p: argparse.ArgumentParser) -> None:
+    """What `run` and `eval` share: the policy, the instances, sandboxes and limits."""
+    p.add_argument("--policy", default="local", help=POLICY_HELP)
+    p.add_argument("--instances", help="only these instances (comma-separated ids)")
+    p.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    p.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
+    p.add_argument(
+        "--dispatcher",
+        choices=["pipeline", "batch", "sync"],
+        default="pipeline",
+        help="how episodes share sandboxes and the sampler (default pipeline)",
+    )
+    p.add_argument("--max-turns", type=_at_least(1), help="override the task's limits.max_turns")
+    p.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="agentrl", description="Train LLM agents with RL on tool-using tasks.")
     p.add_argument("--version", action="version", version=f"agentrl {__version__}")
@@ -85,20 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a task's instances with a policy; trajectories + summary")
     r.add_argument("task", help="a task YAML file, or a Terminal-Bench / Harbor task folder")
-    r.add_argument("--policy", default="local", help=POLICY_HELP)
+    _episode_options(r)
     r.add_argument("-n", "--samples", type=_at_least(1), default=1, help="episodes per instance")
-    r.add_argument("--instances", help="only these instances (comma-separated ids)")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
-    r.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
-    r.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
-    r.add_argument(
-        "--dispatcher",
-        choices=["pipeline", "batch", "sync"],
-        default="pipeline",
-        help="how episodes share sandboxes and the sampler (default pipeline)",
-    )
-    r.add_argument("--max-turns", type=_at_least(1), help="override the task's limits.max_turns")
-    r.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
     r.add_argument(
         "--snapshots",
         type=_at_least(0),
@@ -112,11 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="k attempts of every instance: pass@1 and pass@k, resumable; or --compare two",
     )
     e.add_argument("tasks", nargs="*", help="task files, task folders, row files")
-    e.add_argument("--policy", default="local", help=POLICY_HELP)
+    _episode_options(e)
     e.add_argument(
         "-k", "--attempts", type=_at_least(1), default=1, help="attempts per instance (default 1)"
     )
-    e.add_argument("--instances", help="only these instances (comma-separated ids)")
     e.add_argument(
         "--out",
         type=Path,
@@ -128,16 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run again the attempts recorded as infrastructure failures",
     )
-    e.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
-    e.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
-    e.add_argument(
-        "--dispatcher",
-        choices=["pipeline", "batch", "sync"],
-        default="pipeline",
-        help="default pipeline",
-    )
-    e.add_argument("--max-turns", type=_at_least(1), help="override the tasks' limits.max_turns")
-    e.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
     e.add_argument(
         "--temperature", type=_temperature, help="override the tasks' sampling.temperature"
     )

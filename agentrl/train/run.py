@@ -101,9 +101,15 @@ class TrainRun:
     ) -> list[Trajectory]:
         """Every episode through a fresh dispatcher, each handed to `keep` as it finishes;
         returns them in that order."""
-        return await stream_episodes(
-            episodes, self.config.dispatcher, keep or (lambda t: None), self.progress, what
-        )
+        out: list[Trajectory] = []
+
+        def kept(traj: Trajectory) -> None:
+            out.append(traj)
+            if keep is not None:
+                keep(traj)
+
+        await stream_episodes(episodes, self.config.dispatcher, kept, self.progress, what)
+        return out
 
     def keep(self, trajectory: Trajectory) -> None:
         """Append to trajectories.jsonl."""

@@ -178,6 +178,8 @@ class Episode:
         self.fix: str | None = None
         self.env_info = EnvInfo(provider=env.provider_name, task_hash=task.hash)
         self.seconds = {"init": 0.0, "run": 0.0, "eval": 0.0}
+        self._clock: asyncio.Timeout | None = None  # episode_timeout, during RUN
+        self._in_sampler = False
         self._closing: asyncio.Future[None] | None = None
 
     @property
@@ -217,14 +219,14 @@ class Episode:
             self.fail(StopReason.sandbox_error, f"INIT timed out after {timeout} s")
         elif stage == "eval":
             self.fail(StopReason.eval_error, f"EVAL timed out after {timeout} s")
-        elif self.turns:
+        elif self.turns and not self._in_sampler:  # the agent's own time ran out
             self.stop = StopReason.episode_timeout
-        else:  # the agent never acted: the sampler never served it
+        else:  # the sampler held the episode when the dispatcher's run_timeout struck
+            first = "before the first completion" if not self.turns else "waiting on the sampler"
             self.fail(
                 StopReason.aborted,
-                f"RUN timed out after {elapsed:.0f} s before the first completion (is the "
-                "sampler overloaded? lower the generation concurrency or raise "
-                "limits.episode_timeout)",
+                f"RUN timed out after {elapsed:.0f} s {first} (is the sampler overloaded? "
+                "lower the generation concurrency or raise the dispatcher's run_timeout)",
             )
 
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
@@ -254,10 +256,28 @@ class Episode:
         """The ReAct turns; `gate` is held around each generation request."""
         if self.failed or self.sandbox is None:
             return
-        limit = self.task.spec.limits.episode_timeout
         with self.boundary("run"):
-            async with asyncio.timeout(limit if timeout is None else min(limit, timeout)):
-                await _react(self, gate)
+            async with asyncio.timeout(timeout):  # wall time: the dispatcher's guard
+                async with asyncio.timeout(self.task.spec.limits.episode_timeout) as clock:
+                    self._clock = clock  # the agent's own time: stopped while sampling
+                    await _react(self, gate)
+
+    @contextlib.contextmanager
+    def waiting_on_sampler(self) -> Iterator[None]:
+        """Stop the episode's clock while the sampler has it (waiting for a generation slot,
+        generating): a shared, loaded sampler's time is never held against the agent."""
+        clock, loop = self._clock, asyncio.get_running_loop()
+        deadline = clock.when() if clock is not None else None
+        left = None if deadline is None else deadline - loop.time()
+        if clock is not None and left is not None:
+            clock.reschedule(None)
+        self._in_sampler = True
+        try:
+            yield
+        finally:
+            self._in_sampler = False
+            if clock is not None and left is not None:
+                clock.reschedule(loop.time() + left)
 
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
@@ -423,12 +443,13 @@ async def _sample(
         top_p=sampling.top_p,
         stop=tuple(sampling.stop) if kind == "action" else (),
     )
-    async with gate():
-        start = time.monotonic()
-        completion = await episode.sampler.generate(
-            chat.ids, params, session_id=episode.trajectory_id
-        )
-        gen_seconds = time.monotonic() - start
+    with episode.waiting_on_sampler():
+        async with gate():
+            start = time.monotonic()
+            completion = await episode.sampler.generate(
+                chat.ids, params, session_id=episode.trajectory_id
+            )
+            gen_seconds = time.monotonic() - start
     begin = len(chat.response_ids)
     text = chat.add_sampled(
         completion.token_ids,

@@ -163,6 +163,40 @@ def test_a_run_that_times_out_before_its_first_completion_is_not_the_agents_fail
     assert sum(traj.loss_mask) == 0 and traj.reward is None
 
 
+def test_a_slow_sampler_is_not_held_against_the_agents_episode_timeout(
+    task: Task, tokenizer: Any
+) -> None:
+    """episode_timeout is the agent's own time: a sampler that takes 3 s a reply (shared,
+    loaded) does not time out an agent with 2 s, whose tools take 0.2 s; a tool that takes
+    5 s does."""
+    from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
+
+    run_id = f"test-dispatch-{uuid.uuid4().hex[:8]}"
+    limits = task.spec.limits.model_copy(update={"episode_timeout": 2.0, "tool_timeout": 2.0})
+    short = task.model_copy(update={"spec": task.spec.model_copy(update={"limits": limits})})
+    replies = load_script(DATA / "sleeper.yaml")
+    script = {f"{i}_0": Script(replies=replies, tokens=[30, 30]) for i in ("slowgen", "slowtool")}
+    sampler = SimulatedSampler(script, tokenizer, LatencyModel(base_s=0.1, per_request_s=0.0))
+    env = TaskEnv(short, DockerProvider(), run_id)
+    eps = [
+        Episode(short, instance("slowgen"), 0, sampler, tokenizer, env),
+        Episode(short, instance("slowtool", tool_s=5), 0, sampler, tokenizer, env),
+    ]
+
+    async def main() -> list[Trajectory]:
+        async with aclosing(PipelineConfig(concurrency=1).build().run(eps)) as stream:
+            got = [traj async for traj in stream]
+        await sampler.close()
+        return got
+
+    by_id = {t.trajectory_id: t for t in asyncio.run(main())}
+    assert live(run_id) == 0
+    slow = by_id["slowgen_0"]
+    assert sum(turn.gen_seconds for turn in slow.turns) > 2.0  # longer than episode_timeout
+    assert slow.stop_reason == StopReason.finished and slow.reward == 1.0
+    assert by_id["slowtool_0"].stop_reason == StopReason.episode_timeout
+
+
 @pytest.mark.parametrize("name", ["batch", "pipeline", "sync"])
 def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name: str) -> None:
     run_id = f"test-dispatch-cancel-{uuid.uuid4().hex[:8]}"

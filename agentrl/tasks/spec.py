@@ -86,7 +86,12 @@ class EpisodeLimits(_Model):
     max_new_tokens: int = Field(default=1024, ge=1, description="sampled tokens per turn")
     context_length: int = Field(default=8192, ge=64, description="prompt + response tokens")
     tool_timeout: float = Field(default=60.0, gt=0, description="seconds per tool call")
-    episode_timeout: float = Field(default=1800.0, gt=0, description="seconds per episode")
+    episode_timeout: float = Field(
+        default=1800.0,
+        gt=0,
+        description="seconds of the agent's own time per episode (RUN: tool calls and the "
+        "loop; time waiting on or in the sampler is not counted)",
+    )
 
     @model_validator(mode="after")
     def _possible(self) -> EpisodeLimits:

@@ -16,8 +16,8 @@ them solved:
   attempts has none; a task's pass@k is the mean over the instances that have one, and
   says how many those are.
 - A comparison pairs the instances two evaluations share: the difference of their pass@1
-  means, a 95% interval from resampling the instances (paired bootstrap), and the
-  instances whose pass@1 rose or fell.
+  means, a 95% interval from a paired bootstrap at two levels (the instances, then each
+  chosen instance's attempts), and the instances whose pass@1 rose or fell.
 
 Nothing here imports torch: `agentrl eval --compare` reads two folders and does only this.
 """
@@ -258,7 +258,9 @@ class Comparison(_Model):
     pass_at_1_a: float | None
     pass_at_1_b: float | None
     difference: float | None = Field(description="pass@1 of B minus A, over shared instances")
-    ci95: tuple[float, float] | None = Field(description="paired bootstrap 95% interval")
+    ci95: tuple[float, float] | None = Field(
+        description="95% interval: paired bootstrap over instances, then their attempts"
+    )
     resamples: int
     gained: list[Change] = Field(description="pass@1 higher in B (one attempt each: flipped)")
     lost: list[Change] = Field(description="pass@1 lower in B")
@@ -277,12 +279,18 @@ def compare(
     resamples: int = 10_000,
     seed: int = 0,
 ) -> Comparison:
-    """Pair `a` and `b` by (task, instance) and bootstrap the mean difference of pass@1."""
+    """Pair `a` and `b` by (task, instance); bootstrap the mean difference of pass@1 at
+    both levels the numbers were sampled at: the instances (with replacement), then each
+    chosen instance's attempts in each evaluation (a binomial draw at its observed rate).
+    Resampling instances alone reads a pass@1 from 3 attempts as exact, and with few
+    instances near 0 or 1 calls chance a difference; the second level keeps that noise."""
     import numpy as np
 
-    pa = {(i.task, i.instance): i.pass_at_1 for i in a.instances if i.pass_at_1 is not None}
-    pb = {(i.task, i.instance): i.pass_at_1 for i in b.instances if i.pass_at_1 is not None}
-    shared = [key for key in pa if key in pb]
+    ia = {(i.task, i.instance): i for i in a.instances if i.pass_at_1 is not None}
+    ib = {(i.task, i.instance): i for i in b.instances if i.pass_at_1 is not None}
+    shared = [key for key in ia if key in ib]
+    pa = {key: i.solved / i.graded for key, i in ia.items()}
+    pb = {key: i.solved / i.graded for key, i in ib.items()}
     xa = np.array([pa[key] for key in shared], dtype=float)
     xb = np.array([pb[key] for key in shared], dtype=float)
     diff = xb - xa
@@ -290,8 +298,10 @@ def compare(
     if shared:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, len(shared), size=(resamples, len(shared)))
-        means = diff[picks].mean(axis=1)
-        low, high = np.percentile(means, [2.5, 97.5])
+        na = np.array([ia[key].graded for key in shared])[picks]
+        nb = np.array([ib[key].graded for key in shared])[picks]
+        draws = rng.binomial(nb, xb[picks]) / nb - rng.binomial(na, xa[picks]) / na
+        low, high = np.percentile(draws.mean(axis=1), [2.5, 97.5])
         ci = (float(low), float(high))
     changes = [
         Change(task=task, instance=inst, a=pa[(task, inst)], b=pb[(task, inst)])

@@ -68,6 +68,9 @@ class EvalSpec(BaseModel):
     tasks: dict[str, str] = Field(description="task name -> the hash of its files")
     paths: list[str] = Field(description="the task files, folders or row files, absolute")
     policy: str
+    model: str | None = Field(
+        default=None, description="whose tokenizer the replies are in (None: the policy's)"
+    )
     temperature: float | None = None
     limits: dict[str, int] = Field(default_factory=dict, description="overridden limits")
 
@@ -78,7 +81,7 @@ class EvalSpec(BaseModel):
             out.append(f"tasks {sorted(other.tasks)} vs {sorted(self.tasks)}")
         else:
             out += [f"task {n} changed" for n in self.tasks if self.tasks[n] != other.tasks[n]]
-        for field in ("policy", "temperature", "limits"):
+        for field in ("policy", "model", "temperature", "limits"):
             if getattr(self, field) != getattr(other, field):
                 out.append(f"{field} {getattr(other, field)!r} vs {getattr(self, field)!r}")
         return out

@@ -187,6 +187,7 @@ def test_bad_input_is_one_line_and_a_fix(tmp_path: Path) -> None:
         (["eval", str(TASK), "--compare", "a", "b"], "--compare takes two evaluation folders"),
         (["eval", "--compare", str(tmp_path / "x"), str(tmp_path)], "no such folder or file"),
         (["eval", str(TASK), str(TASK)], "two tasks are named look-then-act"),
+        (["eval", str(TASK), "--model", str(tmp_path / "nope")], "no such folder"),
     ]
     for args, message in cases:
         done = agentrl(*args, "--out", str(tmp_path / "never"))

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
     sampler_config = parse_policy(args.policy)
-    tokenizer = model_tokenizer(sampler_config.tokenizer_model())
+    tokenizer = model_tokenizer(args.model or sampler_config.tokenizer_model())
     sampler = sampler_config.build(tokenizer=tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -173,7 +173,7 @@ def replay(args: argparse.Namespace) -> int:
         from agentrl.inference.embedded import model_tokenizer
 
         policy = parse_policy(args.policy)
-        tokenizer = model_tokenizer(policy.tokenizer_model())
+        tokenizer = model_tokenizer(args.model or policy.tokenizer_model())
         sampler = policy.build(tokenizer=tokenizer)
 
         async def go() -> tuple[Trajectory, replay.Divergence | None]:

@@ -45,6 +45,9 @@ def evaluate(args: argparse.Namespace) -> int:
         tasks={t.spec.name: t.hash for t in tasks},
         paths=[str(Path(t.path).resolve()) for t in tasks],
         policy=policy,
+        model=str(Path(args.model).resolve())
+        if args.model and Path(args.model).is_dir()
+        else args.model,
         temperature=args.temperature,
         limits=limit_overrides(args),
     )
@@ -165,7 +168,7 @@ def _run(
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
     policy = parse_policy(evaluation.spec.policy)
-    tokenizer = model_tokenizer(policy.tokenizer_model())
+    tokenizer = model_tokenizer(evaluation.spec.model or policy.tokenizer_model())
     sampler = policy.build(tokenizer=tokenizer)
 
     async def go() -> None:

@@ -61,9 +61,16 @@ POLICY_HELP = (
 )
 
 
+MODEL_HELP = (
+    "the model folder whose tokenizer and chat template the policy's replies are in "
+    "(default: the policy's own; the embedded model's for openai:, router: and scripted:)"
+)
+
+
 def _episode_options(p: argparse.ArgumentParser) -> None:
     """What `run` and `eval` share: the policy, the instances, sandboxes and limits."""
     p.add_argument("--policy", default="local", help=POLICY_HELP)
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--instances", help="only these instances (comma-separated ids)")
     p.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
     p.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
@@ -169,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--policy", help="let a policy continue from turn K (local, openai:URL, scripted:FILE)"
     )
+    rp.add_argument("--model", help=MODEL_HELP)
     rp.set_defaults(func=episodes.replay)
 
     fl = sub.add_parser("failures", help="a run's failed episodes, grouped, with replay commands")

@@ -114,6 +114,10 @@ def model_tokenizer(model: str) -> PreTrainedTokenizerBase:
     """The tokenizer of `model`: the embedded model's, or the one saved in its folder."""
     if model == "embedded":
         return load_tokenizer()
+    if not Path(model).is_dir():  # never a hub name: nothing is fetched at run time
+        raise ConfigError(
+            f"model {model}: no such folder", fix="name the model's folder, or embedded"
+        )
     from transformers import AutoTokenizer
 
     try:

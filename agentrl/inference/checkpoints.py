@@ -155,7 +155,12 @@ def _export(checkpoint: Path, meta: dict[str, Any], out: Path) -> Path:
     saved = torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True)
     _load_weights(model, saved, meta.get("lora"), checkpoint)
     tokenizer = model_tokenizer(base)
-    note = {"checkpoint": str(checkpoint), "step": meta.get("step"), "base_model": base}
+    note = {  # the trainer step (the folder's name) and the optimizer steps behind the weights
+        "checkpoint": str(checkpoint),
+        "step": meta.get("extra", {}).get("step"),
+        "optimizer_steps": meta.get("step"),
+        "base_model": base,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -1,7 +1,14 @@
 """Shared fixtures: a unique run id per test whose containers must all be gone at the end,
 a tiny randomly initialised Llama for learner tests that need no real model, and
 `agentrl serve-tinker` serving it. And the suite's time guard: a test not marked `slow`
-or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`."""
+or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`.
+
+The suite runs in two pytest-xdist workers, one test file at a time each, in file-name
+order (pyproject.toml addopts: `-n 2 --dist loadfile --no-loadscope-reorder`; `-n 0` runs it
+in one process). Keep that order: each worker then runs its files in the order a serial run
+does. Run in another order (xdist's default, most tests first), the bash tool's pty shells
+crashed in their fork (faulthandler: Segmentation fault in pty.fork, in the child) in a
+worker that had run other files first, every later fork in that worker too."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def _child_run(folder: Path) -> tuple[dict[str, str], str]:
         nodeids = [f"{Path(__file__).relative_to(TESTS.parent)}::{n}" for n in DRIVER_TESTS]
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", *nodeids, "-q", "-rA", "-p", "no:cacheprovider"]
-            + ["-p", "no:xdist"],
+            + ["-n", "0"],  # in that one process, not in pytest-xdist workers (addopts)
             capture_output=True,
             text=True,
             timeout=1800,
@@ -181,7 +181,7 @@ def node_containers(run_id: str) -> dict[str, list[dict[str, Any]]]:
 def contract(t: Trajectory) -> dict[str, Any]:
     """Everything a trajectory carries, but where and how fast it ran."""
     data = t.model_dump(mode="json")
-    data["env"].pop("node")
+    data["env"].pop("node"), data.pop("seconds")
     for turn in data["turns"]:
         turn.pop("gen_seconds", None), turn.pop("tool_seconds", None)
     return data
@@ -268,12 +268,15 @@ def test_killing_a_worker_node_mid_rollout_accounts_for_every_episode_and_leaks_
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # most of them past INIT, in their 8 s tool call
         local.kill_node("w2", folder)
+        # What the dead node left running, listed at once: their owners are dead, so any
+        # agentrl process on this host may reap them from now on (another xdist worker's
+        # new DockerProvider does), not only the node when it returns.
+        orphans = node_containers(run_id).get("w2", [])
         killed = await run
         # The run goes on with the node left...
         after = await asyncio.to_thread(
             rollout, probe, tokenizer, env, [instance(f"a{k}") for k in range(3)]
         )
-        orphans = node_containers(run_id).get("w2", [])
         # ...and the node comes back (`agentrl cluster up` restarts dead nodes).
         up = subprocess.run(
             [sys.executable, "-m", "agentrl.cli", "cluster", "--dir", str(folder), "up"],

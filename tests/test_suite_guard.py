@@ -1,5 +1,6 @@
 """The suite's time guard (conftest.py): an unmarked test over the limit fails, a test
-marked slow or e2e does not. Run in an inner pytest session with the limit at 0.5 s."""
+marked slow or e2e does not, in one process and in pytest-xdist workers (the suite's
+default, pyproject.toml addopts). Run in an inner pytest session with the limit at 0.5 s."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_an_unmarked_test_over_the_limit_fails_and_a_marked_one_passes(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, workers: str
 ) -> None:
     conftest = (Path(__file__).parent / "conftest.py").read_text(encoding="utf-8")
     assert "UNMARKED_LIMIT_S = 60.0" in conftest
@@ -36,6 +38,9 @@ def test_an_unmarked_test_over_the_limit_fails_and_a_marked_one_passes(
             time.sleep(0.8)
         """
     )
-    result = pytester.runpytest("-p", "no:randomly")
+    # -n 2: the guard runs in the workers; their verdict is what the controller reports.
+    result = pytester.runpytest_subprocess("-n", workers, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*test_unmarked_and_slow*", "*over the 0.5 s allowed*"])
+    if workers != "0":
+        result.stdout.fnmatch_lines(["*2 workers*"])

@@ -168,7 +168,8 @@ def test_the_cpu_rehearsal_of_swe_fsdp_runs_one_step(tmp_path: Path) -> None:
         summary = asyncio.run(trainer.run())
         left = labelled_containers(trainer.run_id)
         trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
-        evals = [t for f in sorted((out / "eval").glob("*.jsonl")) for t in TrajectoryStore(f)]
+        files = sorted((out / "eval").glob("step-*/trajectories.jsonl"))
+        evals = [t for f in files for t in TrajectoryStore(f)]
     finally:
         client = docker_client()
         try:

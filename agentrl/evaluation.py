@@ -58,6 +58,7 @@ EVAL_INFO = "eval.json"
 RESULTS = "results.json"
 TRAJECTORIES = "trajectories.jsonl"
 PLOT = "pass_at_k.png"
+CHUNK = 1024  # attempts dispatched together (the pipeline drains only between chunks)
 
 
 class EvalSpec(BaseModel):
@@ -226,16 +227,20 @@ async def run_attempts(
     the preflight (sampler, prompts, one trial INIT per task) passes."""
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
     by_name = {t.spec.name: t for t in tasks}
-    envs = {name: make_env(by_name[name], provider, run_id) for name, _, _ in todo}
+    envs = {name: make_env(by_name[name], provider, run_id) for name in {a[0] for a in todo}}
     await preflight(list(envs.values()), sampler, tokenizer)
     evaluation.start(run_id, provider.name, retry_infra=retry_infra)
     instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
-    episodes = [
-        Episode(by_name[name], instances[(name, inst)], a, sampler, tokenizer, envs[name])
-        for name, inst, a in todo
-    ]
+    # Episodes hold their tokenized prompts: built a chunk at a time, not thousands at once.
+    chunks = [todo[i : i + CHUNK] for i in range(0, len(todo), CHUNK)]
     with progress_bars(show_progress) as progress:
-        await stream_episodes(episodes, dispatcher, evaluation.record, progress, "eval")
+        for n, chunk in enumerate(chunks, 1):
+            episodes = [
+                Episode(by_name[name], instances[(name, inst)], a, sampler, tokenizer, envs[name])
+                for name, inst, a in chunk
+            ]
+            name = "eval" if len(chunks) == 1 else f"eval {n}/{len(chunks)}"
+            await stream_episodes(episodes, dispatcher, evaluation.record, progress, name)
 
 
 def plot_pass_at_k(scores: Scores, png: Path, title: str) -> None:

@@ -20,6 +20,7 @@ import yaml
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
 TASK = Path(__file__).parent.parent / "tasks" / "train" / "look-then-act" / "task.yaml"
+BROKEN = Path(__file__).parent / "data" / "broken-grader"  # every episode an eval_error
 SIX = "note-00,note-01,note-02,note-03,note-04,note-05"  # .md names: note-01, -02, -04
 
 
@@ -140,20 +141,10 @@ def test_compare_two_recorded_evaluations_with_a_known_difference(tmp_path: Path
 
 
 def test_an_evaluation_of_infrastructure_failures_only_fails_and_says_why(tmp_path: Path) -> None:
-    task = {
-        "name": "broken-grader",
-        "instances": [{"id": "a"}, {"id": "b"}],
-        "prompt": {"system": "s", "instance": "i"},
-        "tools": ["finish"],
-        "limits": {"max_turns": 1, "max_new_tokens": 32, "context_length": 2048},
-        "grader": {"type": "command", "command": "no-such-test-runner --all"},
-    }
-    (tmp_path / "task.yaml").write_text(yaml.safe_dump(task))
-    finish = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
     out = tmp_path / "eval"
     command = [
-        "eval", str(tmp_path / "task.yaml"), "-k", "2", "--out", str(out),
-        "--policy", script(tmp_path, "finish", finish),
+        "eval", str(BROKEN / "task.yaml"), "-k", "2", "--out", str(out),
+        "--policy", f"scripted:{BROKEN / 'finish.yaml'}",
     ]  # fmt: skip
     done = agentrl(*command)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr

@@ -338,20 +338,10 @@ def test_a_grader_that_cannot_run_its_tests_is_never_a_reward(tmp_path: Path, ru
 def test_agentrl_run_reports_infrastructure_failures_apart_and_fails(tmp_path: Path) -> None:
     """Every episode an eval_error: the reward is no mean of zeros, the first error and its
     fix are printed, the exit code is 1, and each episode's evidence is in the run folder."""
-    task = {
-        "name": "broken-grader",
-        "instances": [{"id": "a"}, {"id": "b"}],
-        "prompt": {"system": "s", "instance": "i"},
-        "tools": ["finish"],
-        "limits": {"max_turns": 1, "max_new_tokens": 32, "context_length": 2048},
-        "grader": {"type": "command", "command": "no-such-test-runner --all"},
-    }
-    (tmp_path / "task.yaml").write_text(yaml.safe_dump(task))
-    finish = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
-    (tmp_path / "script.yaml").write_text(yaml.safe_dump([finish]))
+    broken = Path(__file__).parent / "data" / "broken-grader"  # its grader cannot run
     out = tmp_path / "run"
-    policy = f"scripted:{tmp_path / 'script.yaml'}"
-    command = ["run", str(tmp_path / "task.yaml"), "--policy", policy, "--out", str(out)]
+    policy = f"scripted:{broken / 'finish.yaml'}"
+    command = ["run", str(broken / "task.yaml"), "--policy", policy, "--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", *command], capture_output=True, text=True, timeout=300
     )

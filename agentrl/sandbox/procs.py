@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,24 +46,29 @@ def kill_session(sid: int, *, cgroup_marker: str | None = None) -> int:
     return killed
 
 
-def kill_marked(marker: str, rounds: int = 5) -> list[str]:
-    """SIGKILL every process of ours whose environment holds `marker` (`NAME=value`), in
-    rounds until none is left (a process may fork while we look); 'pid command' of each."""
-    own, wanted, killed = os.getpid(), b"\0" + marker.encode() + b"\0", []
-    for _ in range(rounds):
-        found = []
+def kill_marked(marker: str, timeout: float = 5.0) -> list[str]:
+    """SIGKILL every process of ours whose environment holds `marker` (`NAME=value`), and
+    return once none is left ('pid command' of each): a process may fork while we look,
+    and a killed one lingers until the kernel has torn it down (a loaded machine takes
+    milliseconds), so it looks again, a little later each time, for up to `timeout` s."""
+    own, wanted = os.getpid(), b"\0" + marker.encode() + b"\0"
+    killed: dict[str, str] = {}
+    deadline, pause = time.monotonic() + timeout, 0.005
+    while True:
+        found = 0
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == own:
                 continue
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a zombie's environ reads empty: gone
                 if wanted in b"\0" + (entry / "environ").read_bytes() + b"\0":
                     command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").strip()
                     os.kill(int(entry.name), signal.SIGKILL)
-                    found.append(f"{entry.name} {command.decode(errors='replace')}")
-        if not found:
-            break
-        killed += found
-    return killed
+                    killed.setdefault(entry.name, command.decode(errors="replace"))
+                    found += 1
+        if not found or time.monotonic() > deadline:
+            return [f"{pid} {command}" for pid, command in killed.items()]
+        time.sleep(pause)
+        pause = min(2 * pause, 0.2)
 
 
 def in_cgroup(pid: int, marker: str) -> bool:

@@ -63,13 +63,6 @@ def data_order(n: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
-def at_temperature(task: Task, temperature: float | None) -> Task:
-    """`task` sampling at `temperature` (the train config's override), or as it is."""
-    from agentrl.runner import with_overrides
-
-    return with_overrides(task, temperature=temperature)
-
-
 def run_temperature(tasks: Sequence[Task]) -> float:
     """The one sampling temperature of the run; the learner divides its logits by it."""
     temps = {t.spec.sampling.temperature for t in tasks}

@@ -28,8 +28,8 @@ from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.errors import ConfigError
 from agentrl.inference.embedded import model_tokenizer
 from agentrl.preflight import preflight
-from agentrl.runner import RunInfo, make_env, progress_bars, write_run_info
-from agentrl.train.data import at_temperature, run_temperature, split
+from agentrl.runner import RunInfo, make_env, progress_bars, with_overrides, write_run_info
+from agentrl.train.data import run_temperature, split
 from agentrl.train.loop import checkpoints, train_loop
 from agentrl.train.records import MetricsLog
 from agentrl.train.run import Learner, TrainRun
@@ -70,7 +70,8 @@ class Trainer:
                 f"eval_tasks: {len(eval_tasks)} loaded, eval.tasks names {len(config.eval.tasks)}"
             )
         # held-out tasks (eval.tasks) come last: their prompts index into the same list
-        self.tasks = [at_temperature(t, config.temperature) for t in [*tasks, *eval_tasks]]
+        temperature = config.temperature  # the train config's override, if any
+        self.tasks = [with_overrides(t, temperature=temperature) for t in [*tasks, *eval_tasks]]
         self.show_progress = show_progress
         self.train, self.held = split(self.tasks, config.eval.holdout_every, len(eval_tasks))
         if not self.train or not self.held:

@@ -33,6 +33,7 @@ from agentrl.toolcall import act, close_all, close_tools
 from agentrl.tools.base import Tool, schema
 from agentrl.trajectory import (
     INFRA_STOP_REASONS,
+    AgentInfo,
     EnvInfo,
     Segment,
     StopReason,
@@ -43,6 +44,7 @@ from agentrl.trajectory import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.gateway.recorder import Recorder
     from agentrl.sandbox.base import Sandbox
     from agentrl.tasks.env import EpisodeEnv
 
@@ -129,6 +131,23 @@ def conversation(
     return chat
 
 
+def seen_messages(
+    task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase
+) -> list[dict[str, Any]]:
+    """What the model saw, as messages: agentrl's own episodes rebuilt through the chat
+    template; an external harness's as each segment's tokens decoded (its messages were
+    the harness's: the ledger is what the model saw of them)."""
+    if traj.agent is None:
+        return conversation(task, traj, tokenizer).messages
+    return [
+        {
+            "role": f"segment {k} ({s.reason})",
+            "content": tokenizer.decode(s.prompt_ids + s.response_ids),
+        }
+        for k, s in enumerate(traj.ledgers())
+    ]
+
+
 Gate = Callable[[], AbstractAsyncContextManager[object]]
 """What a trajectory holds while the sampler works for it (a dispatcher's generation slot)."""
 
@@ -166,8 +185,12 @@ class Episode:
         self.snapshots = Snapshots(snapshots or task.spec.snapshots)
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
-        self.tools = env.tools()
+        # An external agent brings its own tools and conversation: `chat` is then only the
+        # task's text (the recorder keeps what the harness sent and was sampled).
+        self.tools = env.tools() if task.spec.agent is None else {}
         self.chat = open_chat(task, instance, self.tools, tokenizer)
+        self.recorder: Recorder | None = None
+        self.agent_info: AgentInfo | None = None
         self.turns: list[Turn] = []
         self.sandbox: Sandbox | None = None
         self.reward: float | None = None
@@ -260,7 +283,12 @@ class Episode:
             async with asyncio.timeout(timeout):  # wall time: the dispatcher's guard
                 async with asyncio.timeout(self.task.spec.limits.episode_timeout) as clock:
                     self._clock = clock  # the agent's own time: stopped while sampling
-                    await _react(self, gate)
+                    if self.task.spec.agent is not None:
+                        from agentrl.gateway.external import run_harness
+
+                        await run_harness(self, gate)
+                    else:
+                        await _react(self, gate)
 
     @contextlib.contextmanager
     def waiting_on_sampler(self) -> Iterator[None]:
@@ -325,7 +353,8 @@ class Episode:
         stop = self.stop or StopReason.aborted
         # An infrastructure failure is never trained on as if the agent failed.
         infra = stop in INFRA_STOP_REASONS
-        segments = self.chat.all_segments
+        recorded = self.recorder.segments if self.recorder is not None else []
+        segments = recorded or self.chat.all_segments
         if len(segments) > 1 and not segments[-1].response_ids:
             # The observation after the last turn began a segment the sampler never saw.
             segments = segments[:-1]
@@ -351,6 +380,7 @@ class Episode:
                 scheduled_step=self.scheduled_step,
                 seconds={stage: round(s, 3) for stage, s in self.seconds.items()},
                 env=env_info,
+                agent=self.agent_info,
                 error=self.error,
                 fix=self.fix,
             )

@@ -115,15 +115,20 @@ class ChatSession:
         self._template_tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
             list(template_tools(tools)) if tools and "tools" in template else None
         )
-        self.messages: list[Message] = [dict(m) for m in messages]
-        if tools and self._template_tools is None:
-            self.messages = _with_tool_block(self.messages, render_tool_schemas(tools))
+        self._tool_block = render_tool_schemas(tools) if tools and not self._template_tools else ""
+        self.messages: list[Message] = self.prepared(messages)
         self.opening = [dict(m) for m in self.messages]  # what a context manager keeps
         self.segments: list[ChatSegment] = []  # finished, before `current`
         self.covered = self.render(self.messages, generation_prompt=True)
         self.current = ChatSegment(self.encode(self.covered))
         # Template text that closes the last assistant turn and is not in the ids yet.
         self._pending = ""
+
+    def prepared(self, messages: Sequence[Message]) -> list[Message]:
+        """`messages` as this session renders them: with the tool schemas in the system
+        prompt when the template takes no `tools` (what a new conversation starts from)."""
+        copies = [dict(m) for m in messages]
+        return _with_tool_block(copies, self._tool_block) if self._tool_block else copies
 
     # -- rendering -------------------------------------------------------------------
 

@@ -141,9 +141,22 @@ class Session:
             self.sandbox = await self.env.restore(self.instance, snapshot, name=name)
         return j, snapshot
 
+    def agentrl_played(self, what: str) -> None:
+        """Refuse `what` on an episode an external harness played: its actions were the
+        harness's, made outside agentrl's loop, so agentrl cannot act them again."""
+        agent = self.traj.agent
+        if agent is not None:
+            raise ConfigError(
+                f"{self.traj.trajectory_id} was played by the external agent {agent.name!r}: "
+                f"agentrl cannot {what} (the harness, not agentrl, acted on its replies)",
+                fix="open a bash in the sandbox as it was before a snapshotted turn: "
+                "agentrl replay RUN ID --from-turn K --shell",
+            )
+
     async def execute(self, i: int) -> Divergence | None:
         """Act on turn i's recorded reply again; how the observation differs, if it does."""
         assert self.sandbox is not None
+        self.agentrl_played("act on its recorded replies again")
         turn = self.traj.turns[i]
         fresh = Turn(action=turn.action, span=turn.span)
         fmt = self.task.spec.prompt.action_format
@@ -225,6 +238,7 @@ async def branch(
     tokens, mask, logprobs and versions before that turn."""
     session = Session(run_dir, trajectory_id, provider)
     traj, task = session.traj, session.task
+    session.agentrl_played("branch it (a branch continues agentrl's own loop)")
     try:
         _, _, divergence = await restore_to(session, from_turn)
         await close_all(session.tools, None)  # the episode brings its own tools

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.agent import Episode, conversation
+from agentrl.agent import Episode, seen_messages
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
@@ -236,7 +236,7 @@ async def run_task(
         done.append(traj)
         store.append(traj)
         with conversations.open("a", encoding="utf-8") as f:  # what the model saw
-            messages = conversation(task, traj, tokenizer).messages
+            messages = seen_messages(task, traj, tokenizer)
             f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
             f.write("\n")
 

@@ -72,6 +72,29 @@ def parse_tool_call(text: str) -> ToolCall | None:
     return None
 
 
+def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """A reply as an OpenAI-style message takes it: the text outside its tool calls, and
+    every call (Hermes and `<function=...>` blocks, all of them, in order; else the first
+    call of another format). A call that cannot be parsed leaves the reply as text, no
+    calls: the harness reads it and decides, as a vLLM tool parser does."""
+    try:
+        for pattern, parse in ((_HERMES, _hermes), (_FUNCTION, _function)):
+            matches = list(pattern.finditer(text))
+            if matches:
+                calls = [parse(text, m) for m in matches]
+                return pattern.sub("", text).strip(), calls
+        call = parse_tool_call(text)
+    except ToolCallError:
+        return text, []
+    if call is None:
+        return text, []
+    head = min(
+        (m.start() for m in (_LLAMA_JSON.search(text), _HARMONY_CALL.search(text)) if m),
+        default=0,
+    )
+    return text[:head].strip(), [call]
+
+
 def _hermes(text: str, match: re.Match[str]) -> ToolCall:
     return _from_data(_json(match.group(1), "the text inside <tool_call>"))
 

@@ -56,9 +56,11 @@ INFRA_STOP_REASONS = frozenset(
 )
 
 
-SegmentReason = Literal["start", "template", "drop_oldest", "summary"]
-"""Why a segment began: the episode's start, a chat template that rewrote history, or a
-context manager that dropped old turns or replaced them with the policy's summary."""
+SegmentReason = Literal["start", "template", "drop_oldest", "summary", "client"]
+"""Why a segment began: the episode's start, a chat template that rewrote history, a
+context manager that dropped old turns or replaced them with the policy's summary, or an
+external agent's harness that sent a history other than the one it was given (it edited,
+truncated or summarized earlier messages, or changed its tools)."""
 
 
 class _Strict(BaseModel):
@@ -116,11 +118,40 @@ class EnvInfo(_Strict):
     )
 
 
+class AgentInfo(_Strict):
+    """The external agent harness that produced an episode through the gateway
+    (`agentrl.gateway`); a trajectory without one came from agentrl's own loop."""
+
+    name: str = Field(description="the task's name for the harness")
+    command: str = Field(description="the command that started it")
+    where: Literal["beside", "sandbox"] = Field(description="where it ran")
+    exit_code: int | None = Field(default=None, description="None: it was stopped, or never ran")
+    calls: int = Field(default=0, ge=0, description="model calls it made through the gateway")
+    edits: int = Field(
+        default=0,
+        ge=0,
+        description="calls whose history differed from what the harness had been given (each "
+        "began a segment, reason client)",
+    )
+    drift: int = Field(
+        default=0,
+        ge=0,
+        description="calls whose messages, rendered as the harness sent them, tokenize to ids "
+        "other than the ledger's (re-tokenization drift the recorder kept out of the ledger)",
+    )
+    overridden: dict[str, int] = Field(
+        default_factory=dict,
+        description="sampling parameters the harness asked for that the task's replaced "
+        "(temperature, top_p), by how many calls",
+    )
+    log_tail: str = Field(default="", description="the end of what the harness printed")
+
+
 class Segment(_Strict):
     """A continuation of the episode after its history was rewritten: a token ledger of
     its own, with the same invariant as the trajectory's first one."""
 
-    reason: SegmentReason = Field(description="template, drop_oldest or summary")
+    reason: SegmentReason = Field(description="template, drop_oldest, summary or client")
     prompt_ids: list[int] = Field(description="exactly the tokens the sampler was given")
     response_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
@@ -156,6 +187,9 @@ class Trajectory(_Strict):
         default_factory=dict, description="wall seconds of each stage: init, run, eval"
     )
     env: EnvInfo = Field(default_factory=EnvInfo)
+    agent: AgentInfo | None = Field(
+        default=None, description="the external harness that produced it (None: agentrl's loop)"
+    )
     error: str | None = Field(default=None, description="what went wrong, for infra failures")
     fix: str | None = Field(default=None, description="how to fix that error, when known")
     grade_file: str | None = Field(

@@ -58,7 +58,11 @@ class SandboxConfig(_Model):
 class PromptConfig(_Model):
     """The conversation's first messages; `{field}` placeholders take instance fields."""
 
-    system: str = Field(description="system prompt; tool schemas are appended automatically")
+    system: str = Field(
+        default="",
+        description="system prompt; tool schemas are appended automatically (required unless "
+        "an external agent brings its own)",
+    )
     instance: str = Field(description="the first user message, per instance")
     action_format: Literal["tool_call", "bash_block"] = Field(
         default="tool_call",
@@ -232,6 +236,43 @@ class ContextPolicy(_Model):
     summary_tokens: int = Field(default=256, ge=1, description="max tokens of the summary")
 
 
+class AgentConfig(_Model):
+    """An external agent harness that plays the episode instead of agentrl's own loop: a
+    command agentrl starts per episode, pointed at a gateway session (an OpenAI-compatible
+    endpoint that records every call token-exactly: `agentrl.gateway`)."""
+
+    command: str = Field(
+        min_length=1,
+        description="run with bash -c; $OPENAI_BASE_URL, $OPENAI_API_KEY, $AGENTRL_MODEL, "
+        "$AGENTRL_TASK (the instance's prompt.instance text), $AGENTRL_TASK_FILE, "
+        "$AGENTRL_AGENT_DIR, $AGENTRL_EXEC_URL (beside) and $AGENTRL_HARNESSES are set",
+    )
+    name: str | None = Field(
+        default=None, description="what trajectories call it (default: the command's first word)"
+    )
+    where: Literal["beside", "sandbox"] = Field(
+        default="beside",
+        description="beside: on this machine, acting on the sandbox through $AGENTRL_EXEC_URL; "
+        "sandbox: inside the sandbox (the harness must be installed in its image)",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="more environment variables for it; $NAME in a value is replaced by the "
+        "variable's value (agentrl's own above included)",
+    )
+    ok_exit_codes: list[int] = Field(
+        default_factory=lambda: [0],
+        description="exit codes of a harness that ended normally; any other ends the episode "
+        "as an infrastructure failure (never graded), unless agentrl stopped the harness",
+    )
+    stop_grace: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a harness has to exit once its episode is over (max_turns, "
+        "context_limit) before it is killed",
+    )
+
+
 def _default_tools() -> list[str | ToolConfig]:
     return ["bash", "str_replace_editor", "finish"]
 
@@ -252,6 +293,11 @@ class TaskSpec(_Model):
     grader: Grader
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     snapshots: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
+    agent: AgentConfig | None = Field(
+        default=None,
+        description="an external agent harness instead of agentrl's loop (prompt.system and "
+        "tools then do not apply: the harness brings its own)",
+    )
     oracle: list[str] = Field(
         default_factory=list,
         description="the reference solution: shell commands (with {field} placeholders) that "
@@ -260,6 +306,8 @@ class TaskSpec(_Model):
 
     @model_validator(mode="after")
     def _context_fits(self) -> TaskSpec:
+        if self.agent is None and "system" not in self.prompt.model_fields_set:
+            raise ValueError("prompt.system is required (only an external agent brings its own)")
         context, limits = self.context, self.limits
         budget = context.budget_tokens
         if budget is not None and budget > limits.context_length:

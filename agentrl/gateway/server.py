@@ -1,0 +1,181 @@
+"""The gateway's HTTP side: OpenAI-compatible routes in front of the episodes' recorders.
+
+Every episode of an external agent gets a session: an unguessable id, which is both a
+path (`/sessions/{sid}/v1/...`, the base URL its harness is given) and an API key (a
+harness that cannot change its path sends `Authorization: Bearer {sid}` to `/v1/...`).
+Concurrent harnesses never mix: a session reaches only its own episode.
+
+Routes: `POST .../v1/chat/completions` (tools, streaming), `POST .../v1/completions`,
+`GET .../v1/models`, `POST /sessions/{sid}/exec` (a command in the episode's sandbox,
+for harnesses beside it), `GET /health`. Requests arrive on server threads; each is
+handed to the event loop its episode runs on, and cancelled if its client goes away.
+Errors have OpenAI's body. One gateway serves a process (`shared`), on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from http import HTTPStatus
+from typing import Any
+
+from agentrl.gateway import wire
+from agentrl.gateway.recorder import Recorder
+from agentrl.inference.httpd import (
+    App,
+    ClientGone,
+    HTTPError,
+    Listener,
+    Request,
+    Response,
+    Route,
+    json_response,
+)
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "agentrl-policy"
+"""What /v1/models lists; a request may name any model: it gets the episode's policy."""
+HOST_ENV, PORT_ENV = "AGENTRL_GATEWAY_HOST", "AGENTRL_GATEWAY_PORT"
+POLL_S = 0.1
+
+
+class Gateway(App):
+    """The gateway's routes and its session table; `url` is where it listens."""
+
+    name = "agentrl-gateway"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__()
+        self.sessions: dict[str, Recorder] = {}
+        self._lock = threading.Lock()
+        chat = Route(self._chat, wire.ChatRequest)
+        complete = Route(self._complete, wire.CompletionRequest)
+        self.routes = {
+            ("GET", "/health"): Route(lambda r, _: Response(200, b"", None)),
+            ("GET", "/v1/models"): Route(self._models),
+            ("GET", "/sessions/{sid}/v1/models"): Route(self._models),
+            ("POST", "/v1/chat/completions"): chat,
+            ("POST", "/sessions/{sid}/v1/chat/completions"): chat,
+            ("POST", "/v1/completions"): complete,
+            ("POST", "/sessions/{sid}/v1/completions"): complete,
+            ("POST", "/sessions/{sid}/exec"): Route(self._exec, wire.ExecRequest),
+        }
+        self._listener = Listener(self, host, port)
+        self.url = self._listener.url
+
+    def open(self, recorder: Recorder) -> str:
+        """A new session for `recorder`; returns its id."""
+        sid = secrets.token_urlsafe(18)
+        with self._lock:
+            self.sessions[sid] = recorder
+        return sid
+
+    def close_session(self, sid: str) -> None:
+        with self._lock:
+            self.sessions.pop(sid, None)
+
+    def base_url(self, sid: str) -> str:
+        return f"{self.url}/sessions/{sid}/v1"
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def error(self, status: int, message: str) -> Response:
+        """OpenAI's error body."""
+        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+        code = "context_length_exceeded" if "context_length_exceeded" in message else None
+        error = {
+            "message": message,
+            "type": kind.get(status, HTTPStatus(status).phrase.lower().replace(" ", "_")),
+            "param": None,
+            "code": code,
+        }
+        return json_response({"error": error}, status)
+
+    # -- routes -------------------------------------------------------------------------
+
+    def _models(self, request: Request, _: None) -> object:
+        model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "agentrl"}
+        return {"object": "list", "data": [model]}
+
+    def _chat(self, request: Request, body: wire.ChatRequest) -> Response:
+        session = self._session(request)
+        answer = self._on_loop(request, session, lambda: session.chat_completion(body))
+        if body.stream:
+            include = bool((body.stream_options or {}).get("include_usage"))
+            return Response(200, wire.chat_stream(answer, include), "text/event-stream")
+        return json_response(answer)
+
+    def _complete(self, request: Request, body: wire.CompletionRequest) -> Response:
+        session = self._session(request)
+        answer = self._on_loop(request, session, lambda: session.completion(body))
+        if body.stream:
+            return Response(200, wire.completion_stream(answer), "text/event-stream")
+        return json_response(answer)
+
+    def _exec(self, request: Request, body: wire.ExecRequest) -> object:
+        session = self._session(request)
+        return self._on_loop(request, session, lambda: session.exec(body))
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _session(self, request: Request) -> Recorder:
+        sid = request.params.get("sid")
+        if sid is None:  # the API-key form
+            auth = str(request.headers.get("Authorization") or "")
+            sid = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None
+            if sid is None:
+                raise HTTPError(
+                    401, "no session: use the base URL /sessions/<id>/v1 or the API key"
+                )
+        with self._lock:
+            session = self.sessions.get(sid)
+        if session is None:
+            raise HTTPError(401, "unknown or finished session (its episode is over)")
+        return session
+
+    def _on_loop(
+        self,
+        request: Request,
+        session: Recorder,
+        call: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """Run `call` on the episode's loop; cancelled when the client goes away."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(call(), session.loop)
+        except RuntimeError:  # the loop is closed: the run is over
+            raise HTTPError(403, "the episode is over: stop the agent") from None
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except TimeoutError:
+                pass
+            except concurrent.futures.CancelledError:
+                raise HTTPError(403, "the episode is over: stop the agent") from None
+            if request.client_gone():
+                future.cancel()
+                raise ClientGone
+
+
+_shared: Gateway | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Gateway:
+    """This process's gateway, started on first use (on $AGENTRL_GATEWAY_HOST and
+    $AGENTRL_GATEWAY_PORT when set, else 127.0.0.1 and a free port)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            host = os.environ.get(HOST_ENV) or "127.0.0.1"
+            port = int(os.environ.get(PORT_ENV) or 0)
+            _shared = Gateway(host, port)
+            log.info("agent gateway listening at %s (started %s)", _shared.url, time.strftime("%X"))
+        return _shared

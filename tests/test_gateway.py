@@ -1,0 +1,205 @@
+"""The gateway and its recorder, driven by a real harness on the official `openai` SDK
+(tool calls, streaming, a client that edits history), in a real Docker sandbox, with the
+real SmolLM2 tokenizer and chat template.
+
+Token exactness is checked against the sampler itself: a recording wrapper keeps every
+prompt the sampler was given and every id it returned, and each must sit in the
+trajectory's ledger exactly where the turn records say (0 unexplained mismatches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentrl.agent import run_episode
+from agentrl.gateway import server
+from agentrl.inference.base import Completion, SamplingParams
+from agentrl.inference.embedded import load_tokenizer
+from agentrl.inference.scripted import ScriptedSampler
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import Task
+from agentrl.trajectory import StopReason, Trajectory
+
+pytestmark = [pytest.mark.docker, pytest.mark.model]
+DATA = Path(__file__).parent / "data" / "gateway"
+RUN_ID = f"test-gateway-{uuid.uuid4().hex[:8]}"
+
+WRITE = (
+    "I will write the file.\n<tool_call>"
+    '{"name": "bash", "arguments": {"command": "printf hello > /workspace/greeting.txt"}}'
+    "</tool_call>"
+)
+LOOK = (
+    '<tool_call>{"name": "bash", "arguments": {"command": "cat /workspace/greeting.txt"}}'
+    "</tool_call>"
+)
+
+
+class Recording:
+    """A sampler that keeps what it was given and what it gave back."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[int], Completion]] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        completion = await self.inner.generate(prompt_ids, params, session_id)
+        self.calls.append((list(prompt_ids), completion))
+        return completion
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture
+def harness(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTHON", sys.executable)
+    monkeypatch.setenv("AGENTRL_TEST_DATA", str(DATA))
+
+    def flags(*args: str) -> None:
+        monkeypatch.setenv("CLIENT_FLAGS", " ".join(args))
+
+    flags()
+    return flags
+
+
+def play(task: Task, tokenizer, sampler) -> Trajectory:
+    async def main() -> Trajectory:
+        env = TaskEnv(task, DockerProvider(), RUN_ID)
+        return await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
+
+    return asyncio.run(main())
+
+
+def unexplained(traj: Trajectory, calls: list[tuple[list[int], Completion]]) -> list[str]:
+    """Every way the ledger differs from what the sampler saw and produced."""
+    ledgers, problems = traj.ledgers(), []
+    if len(calls) != len(traj.turns):
+        problems.append(f"{len(calls)} sampler calls, {len(traj.turns)} turns")
+    for k, (turn, (prompt, completion)) in enumerate(zip(traj.turns, calls, strict=False)):
+        ledger = ledgers[turn.segment]
+        start, end = turn.span
+        if ledger.prompt_ids + ledger.response_ids[:start] != prompt:
+            problems.append(f"turn {k}: the ledger's prompt is not what the sampler was given")
+        if ledger.response_ids[start:end] != completion.token_ids:
+            problems.append(f"turn {k}: the ledger's sampled ids are not the sampler's")
+    for s, ledger in enumerate(ledgers):
+        spans = {i for t in traj.turns if t.segment == s for i in range(*t.span)}
+        if {i for i, m in enumerate(ledger.loss_mask) if m} != spans:
+            problems.append(f"segment {s}: mask 1 is not exactly the sampled spans")
+    return problems
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_openai_sdk_harness_with_tool_calls_is_recorded_token_exactly(
+    harness, tokenizer, stream: bool
+) -> None:
+    harness("--stream") if stream else harness()
+    task = load_task(DATA / "task.yaml")
+    sampler = Recording(ScriptedSampler([WRITE, LOOK, "The file is written."], tokenizer))
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.finished, traj.error
+    assert traj.reward == 1.0 and traj.trainable
+    assert traj.agent is not None and traj.agent.exit_code == 0
+    assert (traj.agent.calls, traj.agent.edits, len(traj.segments)) == (3, 0, 0)
+    assert unexplained(traj, sampler.calls) == []
+    # Each later prompt extends the one before by the ids sampled, then the tool result.
+    (p0, c0), (p1, _), (p2, _) = sampler.calls
+    assert p1[: len(p0) + len(c0.token_ids)] == p0 + c0.token_ids
+    assert p2[: len(p1)] == p1
+    # The harness echoed the replies back as OpenAI tool calls; rendered as sent they
+    # tokenize otherwise (SmolLM2's template drops tool_calls): drift kept out.
+    assert traj.agent.drift == 2
+    first, second, last = traj.turns
+    assert first.tool_call is not None and first.tool_call.name == "bash"
+    assert first.exit_code == 0 and first.tool_seconds > 0
+    assert "hello" in second.observation and last.tool_call is None
+    assert traj.agent.overridden == ({} if stream else {"temperature": 3})
+
+
+def test_a_harness_that_edits_history_gets_segments_not_corrupted_masks(harness, tokenizer) -> None:
+    harness("--edit")
+    task = load_task(DATA / "task.yaml")
+    sampler = Recording(ScriptedSampler([WRITE, LOOK, "Done."], tokenizer))
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.finished and traj.reward == 1.0
+    assert traj.agent is not None and traj.agent.edits == 1
+    assert [s.reason for s in traj.segments] == ["client"]
+    assert unexplained(traj, sampler.calls) == []
+    # The new segment's prompt renders the edited message; the old one kept its own.
+    edited = tokenizer.decode(traj.segments[0].prompt_ids)
+    assert "(Task, restated.)" in edited
+    assert "(Task, restated.)" not in tokenizer.decode(traj.prompt_ids)
+    assert [t.segment for t in traj.turns] == [0, 1, 1]
+    assert traj.turns[0].observation == "exit code 0\n"  # found after the edit too
+    assert sum(traj.segments[0].loss_mask) == sum(len(c.token_ids) for _, c in sampler.calls[1:])
+
+
+def test_refused_turns_stop_the_harness_and_end_max_turns(harness, tokenizer) -> None:
+    harness("--calls", "50")
+    task = load_task(DATA / "task.yaml")
+    sampler = Recording(ScriptedSampler([LOOK], tokenizer))  # never stops calling bash
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.max_turns and traj.trainable
+    assert traj.agent is not None and traj.agent.calls == task.spec.limits.max_turns
+    assert "PermissionDenied" in traj.agent.log_tail or "403" in traj.agent.log_tail
+    assert unexplained(traj, sampler.calls) == []
+
+
+def test_a_harness_that_fails_before_calling_is_infrastructure(
+    monkeypatch: pytest.MonkeyPatch, tokenizer
+) -> None:
+    task = load_task(DATA / "task.yaml")
+    agent = task.spec.agent.model_copy(update={"command": "echo 'no module named foo' >&2; exit 3"})
+    broken = task.model_copy(update={"spec": task.spec.model_copy(update={"agent": agent})})
+    traj = play(broken, tokenizer, ScriptedSampler([WRITE], tokenizer))
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert traj.reward is None and traj.num_sampled == 0
+    assert "exited 3: no module named foo" in (traj.error or "") and traj.fix
+
+
+def test_sessions_are_private_and_errors_have_openai_shape() -> None:
+    gateway = server.shared()
+
+    def post(path: str, body: object, key: str | None = None) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(gateway.url + path, json.dumps(body).encode(), headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, json.load(answer)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    chat = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+    status, body = post("/sessions/not-a-session/v1/chat/completions", chat)
+    assert status == 401 and "unknown or finished session" in body["error"]["message"]
+    assert body["error"]["type"] == "authentication_error"
+    status, body = post("/v1/chat/completions", chat)
+    assert status == 401 and "no session" in body["error"]["message"]
+    status, body = post("/v1/chat/completions", chat, key="guess")
+    assert status == 401
+    with urllib.request.urlopen(gateway.url + "/v1/models", timeout=10) as answer:
+        assert json.load(answer)["data"][0]["id"] == server.MODEL_NAME

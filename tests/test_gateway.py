@@ -203,3 +203,15 @@ def test_sessions_are_private_and_errors_have_openai_shape() -> None:
     assert status == 401
     with urllib.request.urlopen(gateway.url + "/v1/models", timeout=10) as answer:
         assert json.load(answer)["data"][0]["id"] == server.MODEL_NAME
+
+
+def test_a_harness_inside_a_networkless_docker_sandbox_reaches_its_session(tokenizer) -> None:
+    """Through the gateway's Unix socket, mounted read-only, and the forwarder."""
+    task = load_task(DATA / "task_inside.yaml")
+    sampler = Recording(ScriptedSampler([WRITE, "Written."], tokenizer))
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.finished, (traj.error, traj.agent)
+    assert traj.reward == 1.0 and traj.agent is not None
+    assert (traj.agent.where, traj.agent.calls, traj.agent.exit_code) == ("sandbox", 2, 0)
+    assert "inside harness done" in traj.agent.log_tail
+    assert unexplained(traj, sampler.calls) == []

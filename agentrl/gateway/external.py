@@ -4,8 +4,10 @@ model call it makes (`Recorder`), and ends when the harness exits.
 
 The harness runs `beside` the sandbox (on this machine, in a scratch folder, acting on
 the sandbox through `$AGENTRL_EXEC_URL`) or in the `sandbox` (through the sandbox's
-exec; the harness must reach the gateway on 127.0.0.1, which a local sandbox does and a
-Docker sandbox, with no network, does not). Its environment names the session:
+exec, so it must be installed in the image). A Docker sandbox has no network: the
+gateway's Unix socket is mounted into it read-only and a small forwarder
+(`agentrl/harnesses/forward.py`, on the sandbox's python3) serves it on
+127.0.0.1:FORWARD_PORT inside. Its environment names the session:
 `OPENAI_BASE_URL`/`OPENAI_API_BASE`, `OPENAI_API_KEY`, `AGENTRL_MODEL`, the instance's
 task text (`AGENTRL_TASK`, `AGENTRL_TASK_FILE`), `AGENTRL_AGENT_DIR`, `AGENTRL_EXEC_URL`,
 `AGENTRL_HARNESSES` (the adapters shipped with agentrl, e.g. mini-swe-agent's).
@@ -27,6 +29,7 @@ import shutil
 import signal
 import string
 import tempfile
+import uuid
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING
 from agentrl.errors import ConfigError
 from agentrl.gateway import server
 from agentrl.gateway.recorder import Recorder
-from agentrl.sandbox.base import ExecRequest
+from agentrl.sandbox.base import ExecRequest, Metered
 from agentrl.trajectory import AgentInfo, StopReason
 
 if TYPE_CHECKING:
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
     from agentrl.tasks.spec import AgentConfig
 
 HARNESSES = Path(__file__).resolve().parent.parent / "harnesses"
+FORWARD_PORT = 18080
+"""Where a harness inside a Docker sandbox finds the gateway (127.0.0.1, in the sandbox)."""
 LOG_TAIL_BYTES = 4000
 
 
@@ -57,12 +62,12 @@ async def run_harness(episode: Episode, gate: Gate) -> None:
 
     agent = episode.task.spec.agent
     assert agent is not None and episode.sandbox is not None  # run() checks
-    if agent.where == "sandbox" and episode.env.provider_name != "local":
+    if agent.where == "sandbox" and episode.sandbox.spec.node is not None:
         raise ConfigError(
-            f"agent.where: sandbox needs the sandbox to reach the gateway on 127.0.0.1; a "
-            f"{episode.env.provider_name} sandbox has no network",
-            fix="use agent.where: beside (the harness acts on the sandbox through "
-            "$AGENTRL_EXEC_URL), or the local sandbox provider",
+            f"agent.where: sandbox on cluster node {episode.sandbox.spec.node}: the harness "
+            "there cannot reach this machine's gateway",
+            fix="use agent.where: beside (the harness runs here and acts on the sandbox "
+            "through $AGENTRL_EXEC_URL), or run the sandboxes on this machine",
         )
     gateway = server.shared()
     recorder = episode.recorder = Recorder(episode, gate, server.MODEL_NAME)
@@ -71,11 +76,15 @@ async def run_harness(episode: Episode, gate: Gate) -> None:
     info = AgentInfo(name=harness_name(agent), command=agent.command, where=agent.where)
     episode.agent_info = info
     try:
-        env = _environment(episode, agent, gateway, sid, scratch)
         if agent.where == "beside":
+            env = await _environment(episode, agent, gateway.url, sid, str(scratch))
             info.exit_code, log = await _beside(agent, env, scratch, recorder)
         else:
-            info.exit_code, log = await _inside(episode, agent, env, recorder)
+            docker = episode.env.provider_name == "docker"
+            url = f"http://127.0.0.1:{FORWARD_PORT}" if docker else gateway.url
+            inside = f"/tmp/agentrl-agent-{uuid.uuid4().hex[:12]}"
+            env = await _environment(episode, agent, url, sid, inside)
+            info.exit_code, log = await _inside(episode, agent, env, recorder, docker, inside)
         info.log_tail = log[-LOG_TAIL_BYTES:]
     finally:
         recorder.end()
@@ -109,26 +118,32 @@ async def run_harness(episode: Episode, gate: Gate) -> None:
     raise EpisodeEnd(StopReason.finished)
 
 
-def _environment(
-    episode: Episode, agent: AgentConfig, gateway: server.Gateway, sid: str, scratch: Path
+async def _environment(
+    episode: Episode, agent: AgentConfig, url: str, sid: str, scratch: str
 ) -> dict[str, str]:
+    """The harness's environment: the session at `url`, its scratch folder `scratch` (on
+    this machine beside the sandbox, in the sandbox otherwise) holding the task text."""
+    assert episode.sandbox is not None
     task_text = episode.instance.render(episode.task.spec.prompt.instance)
-    task_file = scratch / "task.txt"
-    task_file.write_text(task_text, encoding="utf-8")
-    base = gateway.base_url(sid)
+    task_file = f"{scratch}/task.txt"
+    if agent.where == "beside":
+        Path(task_file).write_text(task_text, encoding="utf-8")
+    else:
+        await episode.sandbox.write_file(task_file, task_text.encode())
+    base = f"{url}/sessions/{sid}/v1"
     ours = {
         "OPENAI_BASE_URL": base,
         "OPENAI_API_BASE": base,
         "OPENAI_API_KEY": sid,
         "AGENTRL_MODEL": server.MODEL_NAME,
         "AGENTRL_TASK": task_text,
-        "AGENTRL_TASK_FILE": str(task_file),
-        "AGENTRL_AGENT_DIR": str(scratch),
-        "AGENTRL_HARNESSES": str(HARNESSES),
+        "AGENTRL_TASK_FILE": task_file,
+        "AGENTRL_AGENT_DIR": scratch,
         "AGENTRL_TRAJECTORY_ID": episode.trajectory_id,
     }
     if agent.where == "beside":
-        ours["AGENTRL_EXEC_URL"] = f"{gateway.url}/sessions/{sid}/exec"
+        ours["AGENTRL_EXEC_URL"] = f"{url}/sessions/{sid}/exec"
+        ours["AGENTRL_HARNESSES"] = str(HARNESSES)
     known = {**os.environ, **ours}
     extra = {k: string.Template(v).safe_substitute(known) for k, v in agent.env.items()}
     return {**ours, **extra}
@@ -164,13 +179,34 @@ async def _beside(
 
 
 async def _inside(
-    episode: Episode, agent: AgentConfig, env: dict[str, str], recorder: Recorder
+    episode: Episode,
+    agent: AgentConfig,
+    env: dict[str, str],
+    recorder: Recorder,
+    docker: bool,
+    scratch: str,
 ) -> tuple[int | None, str]:
-    """Run the harness in the sandbox through its exec (killed when cancelled)."""
-    assert episode.sandbox is not None
+    """Run the harness in the sandbox through its exec; stopped with the sandbox's
+    processes when its episode is over. In Docker, behind the socket forwarder."""
+    sandbox = episode.sandbox
+    assert sandbox is not None
+    command = agent.command
+    if docker:
+        forward = f"{scratch}/forward.py"
+        await sandbox.write_file(forward, (HARNESSES / "forward.py").read_bytes())
+        socket = f"{server.SANDBOX_SOCKET_DIR}/{server.SOCKET_NAME}"
+        ready = f"{scratch}/forward.ready"
+        env = {**env, "AGENTRL_AGENT_COMMAND": command}
+        command = (
+            f"python3 {forward} 127.0.0.1 {FORWARD_PORT} {socket} {ready} & "
+            f"for _ in $(seq 200); do [ -e {ready} ] && break; sleep 0.05; done; "
+            '[ -e {ready} ] || { echo "agentrl: the gateway forwarder did not start '
+            '(is python3 in the image?)"; exit 127; }; '
+            'bash -c "$AGENTRL_AGENT_COMMAND"; code=$?; kill %1 2>/dev/null; exit $code'
+        ).replace("{ready}", ready)
     limits = episode.task.spec.limits
-    request = ExecRequest(command=agent.command, timeout=limits.episode_timeout * 10, env=env)
-    run = asyncio.ensure_future(episode.sandbox.exec(request))
+    request = ExecRequest(command=command, timeout=limits.episode_timeout * 10, env=env)
+    run = asyncio.ensure_future(sandbox.exec(request))
     try:
         await _until_exit_or_over(run, recorder, agent.stop_grace)
     finally:
@@ -178,6 +214,9 @@ async def _inside(
             run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run
+        if isinstance(sandbox, Metered):  # what the harness left running, stopped
+            with contextlib.suppress(Exception):
+                await sandbox.stop_processes()
     if run.cancelled():
         return None, ""
     result = run.result()

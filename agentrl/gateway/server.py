@@ -15,14 +15,18 @@ Errors have OpenAI's body. One gateway serves a process (`shared`), on 127.0.0.1
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 from agentrl.gateway import wire
@@ -43,6 +47,9 @@ log = logging.getLogger(__name__)
 MODEL_NAME = "agentrl-policy"
 """What /v1/models lists; a request may name any model: it gets the episode's policy."""
 HOST_ENV, PORT_ENV = "AGENTRL_GATEWAY_HOST", "AGENTRL_GATEWAY_PORT"
+SANDBOX_SOCKET_DIR = "/run/agentrl-gateway"
+"""Where a Docker sandbox of a harness that runs inside it has the gateway's socket."""
+SOCKET_NAME = "gateway.sock"
 POLL_S = 0.1
 
 
@@ -69,6 +76,8 @@ class Gateway(App):
         }
         self._listener = Listener(self, host, port)
         self.url = self._listener.url
+        self._unix: Listener | None = None
+        self._socket_dir: str | None = None
 
     def open(self, recorder: Recorder) -> str:
         """A new session for `recorder`; returns its id."""
@@ -84,8 +93,25 @@ class Gateway(App):
     def base_url(self, sid: str) -> str:
         return f"{self.url}/sessions/{sid}/v1"
 
+    def socket_dir(self) -> str:
+        """A folder holding the gateway's Unix socket (`gateway.sock`), listening from the
+        first call on: mounted into Docker sandboxes whose harness runs inside."""
+        with self._lock:
+            if self._socket_dir is None:
+                folder = Path(tempfile.mkdtemp(prefix="agentrl-gateway-"))
+                folder.chmod(0o755)
+                path = folder / SOCKET_NAME
+                self._unix = Listener(self, "", 0, path=str(path))
+                path.chmod(0o666)  # whatever user the sandbox runs as
+                self._socket_dir = str(folder)
+            return self._socket_dir
+
     def close(self) -> None:
         self._listener.close()
+        if self._unix is not None:
+            self._unix.close()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def error(self, status: int, message: str) -> Response:
         """OpenAI's error body."""
@@ -177,5 +203,6 @@ def shared() -> Gateway:
             host = os.environ.get(HOST_ENV) or "127.0.0.1"
             port = int(os.environ.get(PORT_ENV) or 0)
             _shared = Gateway(host, port)
+            atexit.register(_shared.close)  # its socket folder too
             log.info("agent gateway listening at %s (started %s)", _shared.url, time.strftime("%X"))
         return _shared

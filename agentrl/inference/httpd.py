@@ -22,6 +22,7 @@ import json
 import logging
 import select
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -208,20 +209,35 @@ def _no_constant(name: str) -> object:
 
 
 class Listener:
-    """Serves `app` on a background thread: `url` (http://host:port), idempotent close()."""
+    """Serves `app` on a background thread: `url` (http://host:port, or unix:PATH for a
+    listener on the Unix socket `path`), idempotent close()."""
 
     def __init__(
-        self, app: App, host: str, port: int, read_timeout_s: float = READ_TIMEOUT_S
+        self,
+        app: App,
+        host: str,
+        port: int,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        *,
+        path: str | None = None,
     ) -> None:
+        self._httpd: _Server | _UnixServer
         try:
-            self._httpd = _Server((host, port), app, read_timeout_s)
+            if path is not None:
+                self._httpd = _UnixServer(path, app, read_timeout_s)
+            else:
+                self._httpd = _Server((host, port), app, read_timeout_s)
         except OSError as e:
+            where = path or f"{host}:{port}"
             raise ConfigError(
-                f"cannot listen on {host}:{port}: {e.strerror or e} (--port 0 picks a free one)",
+                f"cannot listen on {where}: {e.strerror or e} (--port 0 picks a free one)",
                 fix="pick a free port with --port (0 picks one for you)",
             ) from e
-        bound_host, bound_port = self._httpd.server_address[:2]
-        self.url = f"http://{bound_host!s}:{bound_port}"
+        address = self._httpd.server_address
+        if isinstance(address, tuple):
+            self.url = f"http://{address[0]!s}:{address[1]}"
+        else:
+            self.url = f"unix:{path}"
         self._closed = False
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name=f"{app.name}-http", daemon=True
@@ -238,6 +254,12 @@ class Listener:
         self._thread.join(timeout=10)
 
 
+def _handler(app: App) -> type[_Handler]:
+    # The stdlib reads both from the handler class.
+    limits = {"timeout": app.idle_timeout_s, "server_version": app.name}
+    return type("Handler", (_Handler,), limits)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
@@ -245,16 +267,34 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], app: App, read_timeout_s: float) -> None:
         self.app = app
         self.read_timeout_s = read_timeout_s
-        # The stdlib reads both from the handler class.
-        limits = {"timeout": app.idle_timeout_s, "server_version": app.name}
-        super().__init__(address, type("Handler", (_Handler,), limits))
+        super().__init__(address, _handler(app))
 
     def handle_error(self, request: object, client_address: object) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, ConnectionError | TimeoutError):
-            log.debug("client %s went away: %r", client_address, error)
-        else:
-            log.error("a request from %s failed", client_address, exc_info=error)
+        _handle_error(client_address)
+
+
+class _UnixServer(socketserver.ThreadingUnixStreamServer):
+    """The same server on a Unix socket (for a sandbox with no network: the socket is
+    mounted into it)."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, path: str, app: App, read_timeout_s: float) -> None:
+        self.app = app
+        self.read_timeout_s = read_timeout_s
+        super().__init__(path, _handler(app))
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        _handle_error(client_address)
+
+
+def _handle_error(client_address: object) -> None:
+    error = sys.exc_info()[1]
+    if isinstance(error, ConnectionError | TimeoutError):
+        log.debug("client %s went away: %r", client_address, error)
+    else:
+        log.error("a request from %s failed", client_address, exc_info=error)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -263,12 +303,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn in front of vLLM does
 
     def setup(self) -> None:
-        server = cast(_Server, self.server)
+        server = cast(_Server | _UnixServer, self.server)
         self.app = server.app
         super().setup()
-        # Headers and body leave in two writes: without this, Nagle holds the body back
-        # until the client's delayed ACK (~40 ms per keep-alive request).
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.connection.family != socket.AF_UNIX:
+            # Headers and body leave in two writes: without this, Nagle holds the body back
+            # until the client's delayed ACK (~40 ms per keep-alive request).
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.rfile.close()  # the stdlib's reader, replaced by one with a deadline
         idle_s = float(self.app.idle_timeout_s)
         self._reader = _RequestReader(self.connection, idle_s, server.read_timeout_s)
@@ -345,6 +386,10 @@ class _Handler(BaseHTTPRequestHandler):
         """The stdlib's own rejections (a bad request line, headers too long) as the App's."""
         self.close_connection = True
         self._send(self.app.error(code, one_line(message or HTTPStatus(code).phrase)))
+
+    def address_string(self) -> str:
+        address = self.client_address
+        return str(address[0]) if isinstance(address, tuple) else "unix-socket client"
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

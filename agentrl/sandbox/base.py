@@ -46,6 +46,11 @@ class SandboxSpec(_Model):
     node: str | None = Field(
         default=None, description="the cluster node it runs on (null: this machine); a label"
     )
+    mounts: dict[str, str] = Field(
+        default_factory=dict,
+        description="host folder -> sandbox path, mounted read-only (docker): how a harness "
+        "inside a sandbox with no network reaches the agent gateway's Unix socket",
+    )
 
 
 class ExecRequest(_Model):

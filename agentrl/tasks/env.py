@@ -119,7 +119,17 @@ class TaskEnv:
             env=config.env,
             run_id=self.run_id,
             name=name,
+            mounts=self._mounts(),
         )
+
+    def _mounts(self) -> dict[str, str]:
+        """The agent gateway's socket, for a harness that runs inside a Docker sandbox."""
+        agent = self.task.spec.agent
+        if agent is None or agent.where != "sandbox" or self.provider.name != "docker":
+            return {}
+        from agentrl.gateway import server
+
+        return {server.shared().socket_dir(): server.SANDBOX_SOCKET_DIR}
 
     async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
         """A sandbox as a snapshot of one of `instance`'s episodes left it."""

@@ -172,6 +172,8 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
             cap_add=CAPS,
             security_opt=["no-new-privileges"],
             privileged=False,
+            binds={host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()}
+            or None,
         )
         try:
             return str(

@@ -254,7 +254,8 @@ class Episode:
 
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
-        if (overflow := prompt_overflow(self.task, self.chat)) is not None:
+        overflow = None if self.task.spec.agent else prompt_overflow(self.task, self.chat)
+        if overflow is not None:
             self.fail(StopReason.aborted, f"{self.instance.id}: {overflow}", PROMPT_FIX)
             return  # a task that cannot fit: no sandbox, never the agent's failure
         with self.boundary("init", timeout):

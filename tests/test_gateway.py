@@ -156,6 +156,30 @@ def test_a_harness_that_edits_history_gets_segments_not_corrupted_masks(harness,
     assert sum(traj.segments[0].loss_mask) == sum(len(c.token_ids) for _, c in sampler.calls[1:])
 
 
+class SlowFirst(Recording):
+    """Its first reply takes 4 s: longer than the harness waits before it retries."""
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        if not self.calls and not getattr(self, "waited", False):
+            self.waited = True
+            await asyncio.sleep(4)
+        return await super().generate(prompt_ids, params, session_id)
+
+
+def test_a_call_the_harness_gave_up_on_and_retried_is_recorded_once(harness, tokenizer) -> None:
+    harness("--timeout", "1.5")
+    task = load_task(DATA / "task.yaml")
+    sampler = SlowFirst(ScriptedSampler([WRITE, "Done."], tokenizer))
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.finished and traj.reward == 1.0, traj.error
+    assert traj.agent is not None and (traj.agent.calls, traj.agent.edits) == (2, 0)
+    assert sampler.waited and len(sampler.calls) == 2  # the first try was cancelled:
+    assert traj.turns[0].gen_seconds < 1.0  # the reply recorded is the retry's
+    assert unexplained(traj, sampler.calls) == []
+
+
 def test_refused_turns_stop_the_harness_and_end_max_turns(harness, tokenizer) -> None:
     harness("--calls", "50")
     task = load_task(DATA / "task.yaml")

@@ -74,6 +74,7 @@ class Recorder:
         self._lock = asyncio.Lock()
         self._replied_at: float | None = None
         self._room = self._prompt_len = 0  # of the call being answered
+        self._unanswered = False  # the ledger ends with a prompt whose reply never left
 
     # -- the ledger, as the trajectory records it ---------------------------------------
 
@@ -107,7 +108,7 @@ class Recorder:
             turn.tool_call = calls[0] if calls else None
             reply = wire.reply_message(content, calls, ids)
             self.issued[wire.key(reply)] = text
-            self.view = [wire.key(m) for m in request.messages] + [wire.key(reply)]
+            self.view, self._unanswered = [*self.view, wire.key(reply)], False
             finish = "tool_calls" if calls else _finish_reason(completion)
             await self._settle()
             logprobs = self._logprobs(completion) if request.logprobs else None
@@ -202,6 +203,8 @@ class Recorder:
         messages, tools = request.messages, request.tools
         keys = [wire.key(m) for m in messages]
         chat, n = self.chat, len(self.view)
+        if chat is not None and self._unanswered and keys == self.view:
+            return chat  # a retry of a call whose reply never left: the ledger is ready
         if chat is None or wire.tools_key(tools) != self.tools_key:
             if chat is not None or self.text is not None:
                 self.done, self.text = self.segments, None
@@ -224,6 +227,7 @@ class Recorder:
             replied = max((i for i, k in enumerate(keys) if k == self.view[-1]), default=None)
             self._observed(messages[replied + 1 :] if replied is not None else [])
             chat.restart(chat.prepared(self._converted(messages, exact=True)), "client")
+        self.view, self._unanswered = keys, True
         as_sent = chat.encode(
             chat.render(chat.prepared(self._converted(messages)), generation_prompt=True)
         )
@@ -296,7 +300,6 @@ class Recorder:
         turns = episode.turns
         if turns and episode.snapshots.due(len(turns)) and episode.sandbox is not None:
             episode.snapshots.start(episode.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
-        self.calls += 1
         with episode.waiting_on_sampler():
             async with self.gate():
                 start = time.monotonic()
@@ -309,6 +312,7 @@ class Recorder:
                     self.end()
                     raise HTTPError(403, "the episode is over (the sampler failed)") from e
                 seconds = time.monotonic() - start
+        self.calls += 1
         segment = len(self.segments) - 1
         turn = Turn(
             action="",

@@ -2,7 +2,8 @@
 `bash` tool called through OpenAI function calling, its commands run in the episode's
 sandbox through $AGENTRL_EXEC_URL. Flags: --stream (streamed replies, reassembled),
 --edit (on its second call it rewrites the first user message, as a harness that
-re-renders or summarizes history does), --calls N (model calls at most)."""
+re-renders or summarizes history does), --calls N (model calls at most), --timeout S
+(a call waits S seconds, then the SDK retries it)."""
 
 import argparse
 import json
@@ -72,8 +73,10 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--edit", action="store_true")
     parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--timeout", type=float, default=None, help="then retry, twice")
     args = parser.parse_args()
-    client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from agentrl
+    # OPENAI_BASE_URL and OPENAI_API_KEY come from agentrl.
+    client = OpenAI(max_retries=2, timeout=args.timeout) if args.timeout else OpenAI(max_retries=0)
     messages = [
         {"role": "system", "content": "You are an agent in a Linux sandbox. Use the bash tool."},
         {"role": "user", "content": os.environ["AGENTRL_TASK"]},

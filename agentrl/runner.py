@@ -7,6 +7,7 @@ and spread, stop reasons, tool calls and tool errors, timings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -26,7 +27,7 @@ from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
 from agentrl.registry import resolve
-from agentrl.tasks.spec import SnapshotPolicy, Task
+from agentrl.tasks.spec import AgentConfig, SnapshotPolicy, Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
 if TYPE_CHECKING:
@@ -107,10 +108,15 @@ def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
 
 
 def with_overrides(
-    task: Task, limits: dict[str, int] | None = None, temperature: float | None = None
+    task: Task,
+    limits: dict[str, int] | None = None,
+    temperature: float | None = None,
+    agent: AgentConfig | None = None,
 ) -> Task:
     """`task` with some of its limits and its sampling temperature replaced, validated as
-    the file itself is: impossible limits are a ConfigError."""
+    the file itself is (impossible limits are a ConfigError); with `agent`, played by
+    that external harness (its hash then names the harness too: an evaluation of the
+    task's own agent is another evaluation)."""
     spec = task.spec
     if limits:
         try:
@@ -121,6 +127,10 @@ def with_overrides(
     if temperature is not None:
         sampling = spec.sampling.model_copy(update={"temperature": temperature})
         spec = spec.model_copy(update={"sampling": sampling})
+    if agent is not None and agent != spec.agent:
+        spec = spec.model_copy(update={"agent": agent})
+        digest = hashlib.sha256(f"{task.hash}\n{agent.model_dump_json()}".encode()).hexdigest()
+        return task.model_copy(update={"spec": spec, "hash": digest[: len(task.hash)]})
     return task if spec is task.spec else task.model_copy(update={"spec": spec})
 
 

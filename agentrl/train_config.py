@@ -22,7 +22,7 @@ from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.config import LocalSamplerConfig, RouterConfig
-from agentrl.tasks.spec import SnapshotPolicy
+from agentrl.tasks.spec import AgentConfig, SnapshotPolicy
 from agentrl.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
@@ -150,6 +150,11 @@ class TrainConfig(_Model):
     )
     snapshots: SnapshotPolicy | None = Field(
         default=None, description="sandbox snapshots for replay; default: each task's own"
+    )
+    agent: AgentConfig | None = Field(
+        default=None,
+        description="play every task, trained and held out, with this external agent harness "
+        "(docs/agents.md) instead of each task's own agent",
     )
     seed: int = Field(default=0, description="data order and the backend's RNGs")
     temperature: float | None = Field(

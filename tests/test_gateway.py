@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -28,7 +29,7 @@ from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
-from agentrl.trajectory import StopReason, Trajectory
+from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
 DATA = Path(__file__).parent / "data" / "gateway"
@@ -239,3 +240,32 @@ def test_a_harness_inside_a_networkless_docker_sandbox_reaches_its_session(token
     assert (traj.agent.where, traj.agent.calls, traj.agent.exit_code) == ("sandbox", 2, 0)
     assert "inside harness done" in traj.agent.log_tail
     assert unexplained(traj, sampler.calls) == []
+
+
+def test_agentrl_run_plays_any_task_with_the_agent_named_by_flag(harness, tmp_path: Path) -> None:
+    """`--agent FILE`: the README's echo-file task (its own loop is agentrl's), played by
+    the openai-SDK harness; a bad agent file is one line and a fix."""
+    script = tmp_path / "script.yaml"
+    script.write_text(json.dumps([WRITE, "Done."]))
+    task = Path(__file__).parent.parent / "examples" / "tasks" / "echo-file" / "task.yaml"
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "agentrl.cli", "run", str(task), "--instances", "greet"]
+    command += ["--policy", f"scripted:{script}", "--agent", str(DATA / "agent.yaml")]
+    done = subprocess.run(
+        [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (traj,) = list(TrajectoryStore(out / "trajectories.jsonl"))
+    assert traj.agent is not None and traj.agent.name == "openai-client"
+    assert traj.agent.calls == 2 and traj.reward == 1.0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("command: x\nwhere: moon\n")
+    done = subprocess.run(
+        [*command[:-2], "--agent", str(bad), "--out", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "bad.yaml:2" in done.stderr and "where" in done.stderr, done.stderr
+    assert not (tmp_path / "bad").exists()

@@ -16,6 +16,7 @@ from agentrl.cli.output import console, err_console, human_bytes, tag
 if TYPE_CHECKING:
     from agentrl.runner import RunSummary
     from agentrl.sandbox.base import SandboxProvider
+    from agentrl.tasks.spec import AgentConfig
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.tasks.formats import load_any
 
     task = select_instances(load_any(args.task), instance_ids(args.instances))
-    task = with_overrides(task, limit_overrides(args))
+    task = with_overrides(task, limit_overrides(args), agent=agent_override(args))
     snapshots = None
     if args.snapshots is not None:
         policy = task.spec.snapshots
@@ -90,6 +91,16 @@ def limit_overrides(args: argparse.Namespace) -> dict[str, int]:
     """The limits the command line overrides (--max-turns, --max-new-tokens)."""
     given = {"max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens}
     return {k: v for k, v in given.items() if v is not None}
+
+
+def agent_override(args: argparse.Namespace) -> AgentConfig | None:
+    """The external agent `--agent FILE` names (None: each task's own)."""
+    if args.agent is None:
+        return None
+    from agentrl.tasks.spec import AgentConfig
+    from agentrl.yamlfile import load_model
+
+    return load_model(args.agent, AgentConfig, what="agent file")
 
 
 def instance_ids(text: str | None) -> list[str] | None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.cli.episodes import instance_ids, limit_overrides
+from agentrl.cli.episodes import agent_override, instance_ids, limit_overrides
 from agentrl.cli.output import console, err_console, tag
 from agentrl.errors import ConfigError
 
@@ -118,7 +118,8 @@ def _load(args: argparse.Namespace) -> list[Task]:
         tasks = [select_instances(t, ids, strict=False) for t in tasks]
         tasks = [t for t in tasks if t.instances]
     overrides = limit_overrides(args)
-    tasks = [with_overrides(t, overrides, args.temperature) for t in tasks]
+    agent = agent_override(args)
+    tasks = [with_overrides(t, overrides, args.temperature, agent) for t in tasks]
     names = [t.spec.name for t in tasks]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"two tasks are named {twice[0]}", fix="evaluate them in separate runs")

@@ -82,6 +82,12 @@ def _episode_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-turns", type=_at_least(1), help="override the task's limits.max_turns")
     p.add_argument("--max-new-tokens", type=_at_least(1), help="override limits.max_new_tokens")
+    p.add_argument(
+        "--agent",
+        type=Path,
+        help="a YAML file of an external agent harness (a task's agent: section) that plays "
+        "every task instead of its own agent (docs/agents.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

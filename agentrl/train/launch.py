@@ -71,7 +71,10 @@ class Trainer:
             )
         # held-out tasks (eval.tasks) come last: their prompts index into the same list
         temperature = config.temperature  # the train config's override, if any
-        self.tasks = [with_overrides(t, temperature=temperature) for t in [*tasks, *eval_tasks]]
+        self.tasks = [
+            with_overrides(t, temperature=temperature, agent=config.agent)
+            for t in [*tasks, *eval_tasks]
+        ]
         self.show_progress = show_progress
         self.train, self.held = split(self.tasks, config.eval.holdout_every, len(eval_tasks))
         if not self.train or not self.held:

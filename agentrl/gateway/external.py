@@ -10,7 +10,8 @@ gateway's Unix socket is mounted into it read-only and a small forwarder
 127.0.0.1:FORWARD_PORT inside. Its environment names the session:
 `OPENAI_BASE_URL`/`OPENAI_API_BASE`, `OPENAI_API_KEY`, `AGENTRL_MODEL`, the instance's
 task text (`AGENTRL_TASK`, `AGENTRL_TASK_FILE`), `AGENTRL_AGENT_DIR`, `AGENTRL_EXEC_URL`,
-`AGENTRL_HARNESSES` (the adapters shipped with agentrl, e.g. mini-swe-agent's).
+`AGENTRL_HARNESSES` (the adapters shipped with agentrl, e.g. mini-swe-agent's) and
+`AGENTRL_TASK_DIR` (the task file's folder: a harness's config beside the task).
 
 How it ends, as a stop reason: the harness exits with an ok exit code -> `finished`;
 agentrl refused a call (turns or context used up) -> `max_turns` / `context_limit`, and
@@ -144,6 +145,7 @@ async def _environment(
     if agent.where == "beside":
         ours["AGENTRL_EXEC_URL"] = f"{url}/sessions/{sid}/exec"
         ours["AGENTRL_HARNESSES"] = str(HARNESSES)
+        ours["AGENTRL_TASK_DIR"] = str(Path(episode.task.base_dir).resolve())
     known = {**os.environ, **ours}
     extra = {k: string.Template(v).safe_substitute(known) for k, v in agent.env.items()}
     return {**ours, **extra}

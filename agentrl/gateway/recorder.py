@@ -24,8 +24,9 @@ in `drift` (what a proxy that re-renders messages would have trained on).
 Sampling is the task's: its temperature and top_p replace the harness's (the calls that
 asked for other values are counted in `overridden`), `max_tokens` is capped by the
 task's `max_new_tokens` and the room left in `context_length`. The harness's `stop`
-strings apply (they are its protocol); the reply leaves them out, as OpenAI's does,
-while the ledger keeps every sampled id.
+strings apply (they are its protocol) and the reply leaves them out, as OpenAI's does;
+the task's own `stop` strings apply too and stay in the reply. The ledger keeps every
+sampled id.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class Recorder:
             turn.span = (turn.span[0], len(chat.response_ids))
             self.episode.turns.append(turn)
             self._finish(completion, params, len(chat))
-            shown = _without_stop(text, params.stop)
+            shown = _without_stop(text, request.stops)  # the task's own stay in
             content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
             ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
             self.call_tools.update({cid: call.name for cid, call in zip(ids, calls, strict=True)})
@@ -146,7 +147,7 @@ class Recorder:
             return wire.completion_body(
                 f"cmpl-{self.episode.trajectory_id}-{self.calls}",
                 request.model or self.model,
-                _without_stop(_without_eos(text, completion, ledger.eos_text), params.stop),
+                _without_stop(_without_eos(text, completion, ledger.eos_text), request.stops),
                 _finish_reason(completion),
                 usage,
             )

@@ -245,7 +245,8 @@ class AgentConfig(_Model):
         min_length=1,
         description="run with bash -c; $OPENAI_BASE_URL, $OPENAI_API_KEY, $AGENTRL_MODEL, "
         "$AGENTRL_TASK (the instance's prompt.instance text), $AGENTRL_TASK_FILE, "
-        "$AGENTRL_AGENT_DIR, $AGENTRL_EXEC_URL (beside) and $AGENTRL_HARNESSES are set",
+        "$AGENTRL_AGENT_DIR, and beside the sandbox $AGENTRL_EXEC_URL, $AGENTRL_HARNESSES and "
+        "$AGENTRL_TASK_DIR are set",
     )
     name: str | None = Field(
         default=None, description="what trajectories call it (default: the command's first word)"

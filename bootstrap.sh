@@ -58,6 +58,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# 3b. A separate venv with mini-swe-agent, the external agent harness the tests drive
+#     (tests/test_mini_harness.py); its litellm, datasets and pyarrow stay out of $VENV.
+#     litellm is pinned: 1.82.7 and 1.82.8 on PyPI were compromised.
+MINI_VENV="${MINI_VENV:-.venv-mini}"
+mini_pins=(mini-swe-agent==2.4.6 litellm==1.110.2)
+if [ "$(cat "$MINI_VENV/.agentrl-install" 2>/dev/null)" != "${mini_pins[*]}" ]; then
+  say "installing ${mini_pins[*]} into $MINI_VENV (~40 s, ~750 MB)"
+  [ -x "$MINI_VENV/bin/python" ] || "$PYTHON" -m venv "$MINI_VENV"
+  "$MINI_VENV/bin/pip" install -q "${mini_pins[@]}"
+  echo "${mini_pins[*]}" > "$MINI_VENV/.agentrl-install"
+fi
+
 # 4. Base sandbox image and the embedded model (each skipped when up to date) --------------
 "$VENV/bin/agentrl" images build base
 say "preparing the embedded model (converted once to $(

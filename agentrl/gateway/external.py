@@ -14,8 +14,9 @@ task text (`AGENTRL_TASK`, `AGENTRL_TASK_FILE`), `AGENTRL_AGENT_DIR`, `AGENTRL_E
 `AGENTRL_TASK_DIR` (the task file's folder: a harness's config beside the task).
 
 How it ends, as a stop reason: the harness exits with an ok exit code -> `finished`;
-agentrl refused a call (turns or context used up) -> `max_turns` / `context_limit`, and
-the harness is stopped after `stop_grace`; the agent's own time ran out ->
+agentrl refused a call (turns or context used up: HTTP 404, or OpenAI's
+context_length_exceeded 400) -> `max_turns` / `context_limit`, and the harness is
+stopped after `stop_grace`; the agent's own time ran out ->
 `episode_timeout`; the sampler failed, the harness exited otherwise, or it never called
 the model -> `aborted` (infrastructure: never graded, never trained on).
 """
@@ -146,6 +147,9 @@ async def _environment(
         ours["AGENTRL_EXEC_URL"] = f"{url}/sessions/{sid}/exec"
         ours["AGENTRL_HARNESSES"] = str(HARNESSES)
         ours["AGENTRL_TASK_DIR"] = str(Path(episode.task.base_dir).resolve())
+    # The gateway is on this machine (or this sandbox): never through a proxy.
+    local = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost"]))
+    ours["NO_PROXY"] = ours["no_proxy"] = local
     known = {**os.environ, **ours}
     extra = {k: string.Template(v).safe_substitute(known) for k, v in agent.env.items()}
     return {**ours, **extra}

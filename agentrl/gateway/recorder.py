@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from agentrl.agent import Episode, Gate
 
 Message = dict[str, Any]
+OVER = 404
+"""The answer to a call after its episode is over. Not 403: litellm makes that a generic
+APIError that mini-swe-agent retries for minutes; a 404 no client retries."""
 
 
 class Recorder:
@@ -157,7 +160,7 @@ class Recorder:
         last turn's tool time."""
         sandbox = self.episode.sandbox
         if self.over.is_set() or sandbox is None:
-            raise HTTPError(403, f"the episode is over ({self._why()}): stop the agent")
+            raise HTTPError(OVER, f"the episode is over ({self._why()}): stop the agent")
         limits = self.episode.task.spec.limits
         timeout = min(request.timeout or limits.tool_timeout, limits.tool_timeout)
         await self._settle()  # a snapshot of the state before this command, first
@@ -188,13 +191,13 @@ class Recorder:
 
     def _admit(self, n: int | None) -> None:
         if self.over.is_set():
-            raise HTTPError(403, f"the episode is over ({self._why()}): stop the agent")
+            raise HTTPError(OVER, f"the episode is over ({self._why()}): stop the agent")
         if n is not None and n > 1:
             raise HTTPError(400, f"n={n}: the gateway samples one reply per call (n=1)")
         limits = self.episode.task.spec.limits
         if sum(t.kind == "action" for t in self.episode.turns) >= limits.max_turns:
             self.end(StopReason.max_turns)
-            raise HTTPError(403, f"the episode is over (max_turns: {limits.max_turns} calls)")
+            raise HTTPError(OVER, f"the episode is over (max_turns: {limits.max_turns} calls)")
 
     def _why(self) -> str:
         return self.stop.value if self.stop else "aborted"
@@ -311,7 +314,7 @@ class Recorder:
                 except SamplerError as e:  # infrastructure: the episode fails, never graded
                     self.failure = e
                     self.end()
-                    raise HTTPError(403, "the episode is over (the sampler failed)") from e
+                    raise HTTPError(OVER, "the episode is over (the sampler failed)") from e
                 seconds = time.monotonic() - start
         self.calls += 1
         segment = len(self.segments) - 1
@@ -335,7 +338,7 @@ class Recorder:
                 fix="a server paused with mode=abort outside the router, or was shut down",
             )
             self.end()
-            raise HTTPError(403, "the episode is over (the sampler aborted): stop the agent")
+            raise HTTPError(OVER, "the episode is over (the sampler aborted): stop the agent")
         if completion.finish_reason == "length" and params.max_tokens >= self._room:
             self.end(StopReason.context_limit)
         self._replied_at = time.monotonic()

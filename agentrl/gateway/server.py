@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.gateway import wire
-from agentrl.gateway.recorder import Recorder
+from agentrl.gateway.recorder import OVER, Recorder
 from agentrl.inference.httpd import (
     App,
     ClientGone,
@@ -115,7 +115,7 @@ class Gateway(App):
 
     def error(self, status: int, message: str) -> Response:
         """OpenAI's error body."""
-        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
         code = "context_length_exceeded" if "context_length_exceeded" in message else None
         error = {
             "message": message,
@@ -177,14 +177,14 @@ class Gateway(App):
         try:
             future = asyncio.run_coroutine_threadsafe(call(), session.loop)
         except RuntimeError:  # the loop is closed: the run is over
-            raise HTTPError(403, "the episode is over: stop the agent") from None
+            raise HTTPError(OVER, "the episode is over: stop the agent") from None
         while True:
             try:
                 return future.result(timeout=POLL_S)
             except TimeoutError:
                 pass
             except concurrent.futures.CancelledError:
-                raise HTTPError(403, "the episode is over: stop the agent") from None
+                raise HTTPError(OVER, "the episode is over: stop the agent") from None
             if request.client_gone():
                 future.cancel()
                 raise ClientGone

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import urllib.request
+from pathlib import Path
 
 BASH = {
     "type": "function",
@@ -28,7 +29,7 @@ def chat(messages: list) -> dict:
         return json.load(answer)["choices"][0]["message"]
 
 
-messages = [{"role": "user", "content": open(os.environ["AGENTRL_TASK_FILE"]).read()}]
+messages = [{"role": "user", "content": Path(os.environ["AGENTRL_TASK_FILE"]).read_text()}]
 for _ in range(5):
     message = chat(messages)
     messages.append(message)

@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from agentrl import context
 from agentrl.chat import ChatSegment, ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
+from agentrl.gateway.external import run_harness
 from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
 from agentrl.tasks.env import build_tools
@@ -284,12 +285,10 @@ class Episode:
             async with asyncio.timeout(timeout):  # wall time: the dispatcher's guard
                 async with asyncio.timeout(self.task.spec.limits.episode_timeout) as clock:
                     self._clock = clock  # the agent's own time: stopped while sampling
-                    if self.task.spec.agent is not None:
-                        from agentrl.gateway.external import run_harness
-
-                        await run_harness(self, gate)
-                    else:
+                    if self.task.spec.agent is None:
                         await _react(self, gate)
+                    elif (stop := await run_harness(self, gate)) is not None:
+                        raise EpisodeEnd(stop)
 
     @contextlib.contextmanager
     def waiting_on_sampler(self) -> Iterator[None]:

@@ -57,11 +57,10 @@ def harness_name(agent: AgentConfig) -> str:
     return agent.name or Path(words[0]).name
 
 
-async def run_harness(episode: Episode, gate: Gate) -> None:
-    """RUN for an external agent: raises what `Episode.boundary` turns into the stop
-    reason (see module docstring)."""
-    from agentrl.agent import EpisodeEnd
-
+async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
+    """RUN for an external agent: the stop reason the episode ends with, or None when
+    it failed (`episode.fail`); raises what `Episode.boundary` turns into one (a sampler
+    failure, a timeout). See the module docstring."""
     agent = episode.task.spec.agent
     assert agent is not None and episode.sandbox is not None  # run() checks
     if agent.where == "sandbox" and episode.sandbox.spec.node is not None:
@@ -100,7 +99,7 @@ async def run_harness(episode: Episode, gate: Gate) -> None:
     if recorder.failure is not None:
         raise recorder.failure
     if recorder.stop is not None:
-        raise EpisodeEnd(recorder.stop)
+        return recorder.stop
     last = info.log_tail.strip().splitlines()[-1:] or ["(it printed nothing)"]
     if info.exit_code not in agent.ok_exit_codes:
         episode.fail(
@@ -109,15 +108,15 @@ async def run_harness(episode: Episode, gate: Gate) -> None:
             "run the task's agent.command by hand to see why (or list the exit code in "
             "agent.ok_exit_codes if it means a normal end)",
         )
-        return
+        return None
     if recorder.calls == 0:
         episode.fail(
             StopReason.aborted,
             f"the agent harness {info.name!r} exited without calling the model: {last[0][:300]}",
             "point the harness at $OPENAI_BASE_URL with the key $OPENAI_API_KEY",
         )
-        return
-    raise EpisodeEnd(StopReason.finished)
+        return None
+    return StopReason.finished
 
 
 async def _environment(

@@ -244,20 +244,40 @@ def test_a_harness_inside_a_networkless_docker_sandbox_reaches_its_session(token
 
 def test_agentrl_run_plays_any_task_with_the_agent_named_by_flag(harness, tmp_path: Path) -> None:
     """`--agent FILE`: the README's echo-file task (its own loop is agentrl's), played by
-    the openai-SDK harness; a bad agent file is one line and a fix."""
+    the openai-SDK harness, with snapshots after each turn; replay cannot act its turns
+    again (they were the harness's) and says so; a bad agent file is one line and a fix."""
     script = tmp_path / "script.yaml"
     script.write_text(json.dumps([WRITE, "Done."]))
     task = Path(__file__).parent.parent / "examples" / "tasks" / "echo-file" / "task.yaml"
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "run", str(task), "--instances", "greet"]
+    # The script writes greeting.txt: instance farewell fails, so its snapshots are kept.
+    command = [sys.executable, "-m", "agentrl.cli", "run", str(task), "--instances", "farewell"]
     command += ["--policy", f"scripted:{script}", "--agent", str(DATA / "agent.yaml")]
     done = subprocess.run(
-        [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+        [*command, "--snapshots", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     (traj,) = list(TrajectoryStore(out / "trajectories.jsonl"))
     assert traj.agent is not None and traj.agent.name == "openai-client"
-    assert traj.agent.calls == 2 and traj.reward == 1.0
+    assert traj.agent.calls == 2 and traj.reward == 0.0
+    snapshots = [traj.env.init_snapshot, *(t.snapshot_id for t in traj.turns)]
+    try:
+        assert all(snapshots) and len(snapshots) == 3
+        replayed = subprocess.run(
+            [sys.executable, "-m", "agentrl.cli", "replay", str(out), "farewell_0"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for snapshot in filter(None, snapshots):
+            asyncio.run(DockerProvider().remove_snapshot(snapshot))
+    assert replayed.returncode == 1 and "Traceback" not in replayed.stderr
+    assert "played by the external agent 'openai-client'" in replayed.stderr
+    assert "--shell" in replayed.stderr  # the fix
     bad = tmp_path / "bad.yaml"
     bad.write_text("command: x\nwhere: moon\n")
     done = subprocess.run(
@@ -269,3 +289,18 @@ def test_agentrl_run_plays_any_task_with_the_agent_named_by_flag(harness, tmp_pa
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "bad.yaml:2" in done.stderr and "where" in done.stderr, done.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_harness_that_renders_its_own_prompts_extends_one_segment(harness, tokenizer) -> None:
+    """`/v1/completions` with text prompts, the session found by its API key: a prompt
+    that begins with the last one and all sampled after it extends the ledger."""
+    task = load_task(DATA / "task.yaml")
+    command = '"$PYTHON" "$AGENTRL_TEST_DATA/completions_client.py"'
+    agent = task.spec.agent.model_copy(update={"command": command, "name": "completions"})
+    task = task.model_copy(update={"spec": task.spec.model_copy(update={"agent": agent})})
+    sampler = Recording(ScriptedSampler([WRITE, "Done."], tokenizer))
+    traj = play(task, tokenizer, sampler)
+    assert traj.stop_reason == StopReason.finished and traj.reward == 1.0, traj.error
+    assert traj.agent is not None and (traj.agent.calls, traj.agent.edits) == (2, 0)
+    assert traj.segments == [] and unexplained(traj, sampler.calls) == []
+    assert f"({server.MODEL_NAME})" in traj.agent.log_tail

@@ -17,23 +17,33 @@ from agentrl.trajectory import ToolCall
 Message = dict[str, Any]
 
 
-class ChatRequest(BaseModel):
-    """`POST /v1/chat/completions` (the fields the gateway acts on; others are ignored)."""
+class _Request(BaseModel):
+    """What both completion routes take (the fields the gateway acts on; any other key a
+    client library adds is accepted and ignored)."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = Field(default=None, ge=1)
     stream: bool | None = False
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class ChatRequest(_Request):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     stream_options: dict[str, Any] | None = None
     logprobs: bool | None = None
 
@@ -42,33 +52,15 @@ class ChatRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
     @property
-    def stops(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-    @property
     def wants_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_Request):
     """`POST /v1/completions`: a prompt the harness rendered itself (text, or token ids)."""
 
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
     prompt: str | list[int]
     max_tokens: int | None = Field(default=16, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1)
-    stream: bool | None = False
-    logprobs: int | None = None
-
-    @property
-    def stops(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
 class ExecRequest(BaseModel):

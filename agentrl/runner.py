@@ -18,7 +18,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentrl.agent import Episode, seen_messages
@@ -28,7 +28,7 @@ from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
 from agentrl.registry import resolve
 from agentrl.tasks.spec import AgentConfig, SnapshotPolicy, Task
-from agentrl.trajectory import Trajectory, TrajectoryStore
+from agentrl.trajectory import Trajectory, TrajectoryStore, agent_counts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -59,6 +59,9 @@ class RunSummary(BaseModel):
     seconds: float
     gen_seconds: float
     tool_seconds: float
+    agent: dict[str, int] = Field(
+        default_factory=dict, description="external harnesses' calls, edits, drift ({}: none)"
+    )
 
 
 class RunInfo(BaseModel):
@@ -174,6 +177,7 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
         seconds=round(seconds, 3),
         gen_seconds=round(sum(t.gen_seconds for t in turns), 3),
         tool_seconds=round(sum(t.tool_seconds for t in turns), 3),
+        agent=agent_counts(trajs),
     )
 
 

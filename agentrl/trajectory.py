@@ -24,7 +24,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -366,6 +366,19 @@ class Trajectory(_Strict):
             return traj.check()
         except TrajectoryError as e:
             raise TrajectoryError(f"{prefix}{e.message}") from e
+
+
+def agent_counts(trajs: Sequence[Trajectory]) -> dict[str, int]:
+    """Calls, edits and drift summed over the episodes external harnesses played."""
+    played = [t.agent for t in trajs if t.agent is not None]
+    if not played:
+        return {}
+    return {
+        "episodes": len(played),
+        "calls": sum(a.calls for a in played),
+        "edits": sum(a.edits for a in played),
+        "drift": sum(a.drift for a in played),
+    }
 
 
 class TrajectoryStore:

@@ -85,10 +85,14 @@ def harness(monkeypatch: pytest.MonkeyPatch):
     return flags
 
 
-def play(task: Task, tokenizer, sampler) -> Trajectory:
+def play(task: Task, tokenizer, sampler, *, close: bool = False) -> Trajectory:
     async def main() -> Trajectory:
         env = TaskEnv(task, DockerProvider(), RUN_ID)
-        return await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
+        try:
+            return await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
+        finally:
+            if close:  # on the loop its connections were made on
+                await sampler.close()
 
     return asyncio.run(main())
 
@@ -263,6 +267,8 @@ def test_agentrl_run_plays_any_task_with_the_agent_named_by_flag(harness, tmp_pa
     (traj,) = list(TrajectoryStore(out / "trajectories.jsonl"))
     assert traj.agent is not None and traj.agent.name == "openai-client"
     assert traj.agent.calls == 2 and traj.reward == 0.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["agent"] == {"episodes": 1, "calls": 2, "edits": 0, "drift": 1}
     snapshots = [traj.env.init_snapshot, *(t.snapshot_id for t in traj.turns)]
     try:
         assert all(snapshots) and len(snapshots) == 3
@@ -304,3 +310,32 @@ def test_a_harness_that_renders_its_own_prompts_extends_one_segment(harness, tok
     assert traj.agent is not None and (traj.agent.calls, traj.agent.edits) == (2, 0)
     assert traj.segments == [] and unexplained(traj, sampler.calls) == []
     assert f"({server.MODEL_NAME})" in traj.agent.log_tail
+
+
+def test_the_gateway_fronts_replicas_behind_the_router(harness, tokenizer) -> None:
+    """The policy is SmolLM2 behind `agentrl serve`, reached through the router (the GPU
+    path, with vLLM replicas in its place): the gateway sends the ledger's ids and
+    records the ids, logprobs, versions and replica that came back."""
+    from agentrl.inference.config import RouterConfig
+    from agentrl.inference.local import LocalSampler
+    from agentrl.inference.serve import serve
+
+    local = LocalSampler.embedded()
+    http, url = serve(local, tokenizer)
+    try:
+        router = RouterConfig(urls=[url.removesuffix("/v1")]).build(tokenizer=tokenizer)
+        sampler = Recording(router)
+        traj = play(load_task(DATA / "task.yaml"), tokenizer, sampler, close=True)
+    finally:
+        http.close()
+        asyncio.run(local.close())
+    assert traj.trainable and traj.agent is not None and traj.agent.calls >= 1, traj.error
+    assert unexplained(traj, sampler.calls) == []
+    assert all(t.replica for t in traj.turns)
+    sampled = [
+        lp
+        for ledger in traj.ledgers()
+        for lp, m in zip(ledger.logprobs, ledger.loss_mask, strict=True)
+        if m
+    ]
+    assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)

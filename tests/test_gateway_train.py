@@ -51,6 +51,7 @@ def test_an_external_harness_trains_on_exactly_what_was_sampled(
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert len(train) == 1 and train[0]["logprob_mismatch"] < 1e-3
+    assert train[0]["agent"]["episodes"] == 8 and train[0]["agent"]["calls"] >= 8
     trajs = list(TrajectoryStore(out / "trajectories.jsonl"))
     assert len(trajs) == 8 and all(t.trainable for t in trajs), [t.error for t in trajs]
     for traj in trajs:

@@ -235,7 +235,13 @@ def test_disk_watchdog_and_process_guard_work_locally() -> None:
             assert "delete files" in (await bash(sb, command="echo ok")).text
             assert (await bash(sb, command="rm fill; echo ok")).text == "ok\n"
             await bash(sb, command="setsid sleep 1000 &")
-            assert (await sb.usage()).processes == 2  # the shell and the escaped sleep
+            # The shell and the escaped sleep, once setsid has forked and exec'd it (the
+            # prompt can come back first: under load a count in between saw 1).
+            for _ in range(50):
+                if (await sb.usage()).processes == 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await sb.usage()).processes == 2
             assert any("sleep 1000" in line for line in await sb.stop_processes())
             assert (await sb.usage()).processes == 0
         finally:

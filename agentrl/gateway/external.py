@@ -88,7 +88,7 @@ async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
             info.exit_code, log = await _inside(episode, agent, env, recorder, docker, inside)
         info.log_tail = log[-LOG_TAIL_BYTES:]
     finally:
-        recorder.end()
+        recorder.close()
         gateway.close_session(sid)
         info.calls, info.edits, info.drift = recorder.calls, recorder.edits, recorder.drift
         info.overridden = dict(recorder.overridden)

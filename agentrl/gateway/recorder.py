@@ -79,6 +79,7 @@ class Recorder:
         self._replied_at: float | None = None
         self._room = self._prompt_len = 0  # of the call being answered
         self._unanswered = False  # the ledger ends with a prompt whose reply never left
+        self._calling: asyncio.Task[Any] | None = None  # the call being answered
 
     # -- the ledger, as the trajectory records it ---------------------------------------
 
@@ -91,6 +92,7 @@ class Recorder:
 
     async def chat_completion(self, request: wire.ChatRequest) -> dict[str, Any]:
         async with self._lock:
+            self._calling = asyncio.current_task()
             self._admit(request.n)
             chat = self._chat_for(request)
             params = self._params(request.budget, request.stops, request.temperature, request.top_p)
@@ -128,6 +130,7 @@ class Recorder:
 
     async def completion(self, request: wire.CompletionRequest) -> dict[str, Any]:
         async with self._lock:
+            self._calling = asyncio.current_task()
             self._admit(request.n)
             if self.chat is not None:  # from chat to raw prompts: a new conversation
                 self.done += self.chat.all_segments
@@ -186,6 +189,13 @@ class Recorder:
         if stop is not None and self.stop is None:
             self.stop = stop
         self.over.set()
+
+    def close(self) -> None:
+        """RUN is over: refuse every later call and cancel one still being answered (its
+        reply would come after the episode; it enters no trajectory)."""
+        self.end()
+        if self._calling is not None and not self._calling.done():
+            self._calling.cancel()
 
     # -- steps of a call ------------------------------------------------------------------
 

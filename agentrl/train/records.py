@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agentrl.runner import write_atomic
 from agentrl.scores import mean_interval
+from agentrl.trajectory import agent_counts
 
 if TYPE_CHECKING:
     from agentrl.train.plots import Board
@@ -60,6 +61,12 @@ class BatchMetrics(BaseModel):
     segments: int = Field(
         default=0, description="segments beyond each episode's first (history was rewritten)"
     )
+    agent: dict[str, int] = Field(
+        default_factory=dict,
+        description="episodes an external harness played: their model calls, edits (calls "
+        "that began a client segment) and drift (calls whose messages as sent would have "
+        "tokenized otherwise); {} when none",
+    )
 
 
 def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
@@ -87,6 +94,7 @@ def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
             trajs, lambda t: sum(u.tool_call is not None for u in t.turns)
         ),
         segments=sum(len(t.segments) for t in trajs),
+        agent=agent_counts(trajs),
     )
 
 

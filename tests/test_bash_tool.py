@@ -212,14 +212,16 @@ def test_processes_left_beyond_the_allowance_are_stopped(kind: str) -> None:
     async def body(box: Sandbox, bash: BashTool) -> None:
         strict = BashTool(timeout=10, max_background=1)
         try:
-            obs = await strict(box, command="cd /tmp; sleep 1000 & echo started")
+            # Durations no other test sleeps: a local sandbox's `ps` sees the whole host,
+            # and the other test worker's sleeps with it.
+            obs = await strict(box, command="cd /tmp; sleep 7771 & echo started")
             assert obs.text.endswith("started\n") and not obs.error  # one may stay
             obs = await strict(box, command="pwd; jobs | wc -l")
             assert obs.text == "/tmp\n1\n"
-            obs = await strict(box, command="sleep 1001 & sleep 1002 & echo two-more")
+            obs = await strict(box, command="sleep 7772 & sleep 7773 & echo two-more")
             assert obs.error and "3 processes were left running (at most 1 may stay)" in obs.text
             assert "every process the agent started was stopped" in obs.text
-            obs = await strict(box, command="pwd; ps -eo args | grep -c '^sleep 10'")
+            obs = await strict(box, command="pwd; ps -eo args | grep -c '^sleep 777'")
             assert obs.text.splitlines()[1:] == ["0", "[exit code 1]"], obs.text
             assert obs.text.splitlines()[0] != "/tmp"  # a new shell, in the workdir
         finally:

@@ -106,7 +106,7 @@ class Recorder:
             turn.action = text
             turn.span = (turn.span[0], len(chat.response_ids))
             self.episode.turns.append(turn)
-            self._finish(completion, params, len(chat))
+            self._finish(completion, params)
             shown = _without_stop(text, request.stops)  # the task's own stay in
             content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
             ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
@@ -135,6 +135,7 @@ class Recorder:
             if self.chat is not None:  # from chat to raw prompts: a new conversation
                 self.done += self.chat.all_segments
                 self.chat = None
+                self.edits += 1
             if self.text is None:
                 self.text = _TextLedger(self.episode.chat, len(self.done) > 0)
             self.edits += self.text.prompt(request.prompt)
@@ -147,7 +148,7 @@ class Recorder:
             turn.action = text
             turn.span = (turn.span[0], len(ledger.current.response_ids))
             self.episode.turns.append(turn)
-            self._finish(completion, params, len(ledger.ids))
+            self._finish(completion, params)
             await self._settle()
             usage = wire.usage(self._prompt_len, len(completion.token_ids))
             return wire.completion_body(
@@ -339,7 +340,7 @@ class Recorder:
         self._room, self._prompt_len = room, len(ids)
         return completion, turn
 
-    def _finish(self, completion: Completion, params: SamplingParams, length: int) -> None:
+    def _finish(self, completion: Completion, params: SamplingParams) -> None:
         """After a reply is in the ledger: an aborted one fails the episode (the
         sampler's doing); one that filled the context ends it."""
         if completion.finish_reason == "abort":

@@ -126,3 +126,34 @@ def test_mini_swe_agent_trains_a_model_on_what_it_sampled(tmp_path: Path, tiny_d
     assert len(trajs) == 2 and all(t.trainable for t in trajs), [t.error for t in trajs]
     assert all(t.agent is not None and t.agent.name == "mini-swe-agent" for t in trajs)
     assert all(t.agent.calls == len(t.turns) >= 1 for t in trajs if t.agent)
+
+
+LITE = ROOT / "tests" / "corpus" / "swe-bench" / "lite.jsonl"
+
+
+@pytest.mark.skipif(not LITE.exists(), reason="no SWE-bench Lite rows in tests/corpus")
+def test_mini_in_tool_mode_plays_a_genuine_swe_bench_row(tmp_path: Path) -> None:
+    """A published SWE-bench Lite row (tests/corpus, see tests/corpus-swe.json) in its own
+    image, played by mini in its default tool-call mode (its own prompts, its `bash`
+    tool; `--agent`): the gateway turns the policy's Hermes calls into OpenAI tool_calls,
+    mini runs them in the sandbox and submits with its sentinel, and the swebench rules
+    grade the (unchanged) repository 0."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "run", str(LITE)]
+        + ["--instances", "marshmallow-code__marshmallow-1359", "--out", str(out)]
+        + ["--agent", str(ROOT / "tests" / "data" / "gateway" / "mini-tool-mode.yaml")]
+        + ["--policy", f"scripted:{ROOT / 'tests' / 'data' / 'gateway' / 'swe_script.json'}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "AGENTRL_MINI": str(MINI)},
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (traj,) = list(TrajectoryStore(out / "trajectories.jsonl"))
+    assert traj.stop_reason == StopReason.finished and traj.reward == 0.0, traj.error
+    assert traj.agent is not None and (traj.agent.calls, traj.agent.edits) == (2, 0)
+    assert traj.agent.exit_code == 0 and "\nExit:\n" in traj.agent.log_tail  # it submitted
+    look = traj.turns[0]
+    assert look.tool_call is not None and look.tool_call.name == "bash" and look.exit_code == 0
+    assert "schema.py" in look.observation and traj.grade_file

@@ -23,8 +23,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,13 @@ from agentrl.gateway import wire
 from agentrl.gateway.recorder import OVER, Recorder
 from agentrl.inference.httpd import (
     App,
-    ClientGone,
     HTTPError,
     Listener,
     Request,
     Response,
     Route,
     json_response,
+    wait_while_connected,
 )
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,6 @@ HOST_ENV, PORT_ENV = "AGENTRL_GATEWAY_HOST", "AGENTRL_GATEWAY_PORT"
 SANDBOX_SOCKET_DIR = "/run/agentrl-gateway"
 """Where a Docker sandbox of a harness that runs inside it has the gateway's socket."""
 SOCKET_NAME = "gateway.sock"
-POLL_S = 0.1
 
 
 class Gateway(App):
@@ -89,9 +87,6 @@ class Gateway(App):
     def close_session(self, sid: str) -> None:
         with self._lock:
             self.sessions.pop(sid, None)
-
-    def base_url(self, sid: str) -> str:
-        return f"{self.url}/sessions/{sid}/v1"
 
     def socket_dir(self) -> str:
         """A folder holding the gateway's Unix socket (`gateway.sock`), listening from the
@@ -133,7 +128,7 @@ class Gateway(App):
 
     def _chat(self, request: Request, body: wire.ChatRequest) -> Response:
         session = self._session(request)
-        answer = self._on_loop(request, session, lambda: session.chat_completion(body))
+        answer = self._on_loop(request, session, session.chat_completion(body))
         if body.stream:
             include = bool((body.stream_options or {}).get("include_usage"))
             return Response(200, wire.chat_stream(answer, include), "text/event-stream")
@@ -141,14 +136,14 @@ class Gateway(App):
 
     def _complete(self, request: Request, body: wire.CompletionRequest) -> Response:
         session = self._session(request)
-        answer = self._on_loop(request, session, lambda: session.completion(body))
+        answer = self._on_loop(request, session, session.completion(body))
         if body.stream:
             return Response(200, wire.completion_stream(answer), "text/event-stream")
         return json_response(answer)
 
     def _exec(self, request: Request, body: wire.ExecRequest) -> object:
         session = self._session(request)
-        return self._on_loop(request, session, lambda: session.exec(body))
+        return self._on_loop(request, session, session.exec(body))
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -168,26 +163,18 @@ class Gateway(App):
         return session
 
     def _on_loop(
-        self,
-        request: Request,
-        session: Recorder,
-        call: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+        self, request: Request, session: Recorder, call: Coroutine[Any, Any, dict[str, Any]]
     ) -> dict[str, Any]:
         """Run `call` on the episode's loop; cancelled when the client goes away."""
         try:
-            future = asyncio.run_coroutine_threadsafe(call(), session.loop)
+            future = asyncio.run_coroutine_threadsafe(call, session.loop)
         except RuntimeError:  # the loop is closed: the run is over
+            call.close()
             raise HTTPError(OVER, "the episode is over: stop the agent") from None
-        while True:
-            try:
-                return future.result(timeout=POLL_S)
-            except TimeoutError:
-                pass
-            except concurrent.futures.CancelledError:
-                raise HTTPError(OVER, "the episode is over: stop the agent") from None
-            if request.client_gone():
-                future.cancel()
-                raise ClientGone
+        try:
+            return wait_while_connected(request, future)
+        except concurrent.futures.CancelledError:  # RUN ended while it was answered
+            raise HTTPError(OVER, "the episode is over: stop the agent") from None
 
 
 _shared: Gateway | None = None
@@ -204,5 +191,5 @@ def shared() -> Gateway:
             port = int(os.environ.get(PORT_ENV) or 0)
             _shared = Gateway(host, port)
             atexit.register(_shared.close)  # its socket folder too
-            log.info("agent gateway listening at %s (started %s)", _shared.url, time.strftime("%X"))
+            log.info("agent gateway listening at %s", _shared.url)
         return _shared

@@ -17,6 +17,7 @@ away logged as one debug line instead of a traceback.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import logging
@@ -44,10 +45,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 16 << 20
 LISTEN_BACKLOG = 1024  # a burst of connections waits in the kernel instead of being dropped
 READ_TIMEOUT_S = 30.0  # a request must arrive whole within this of its first byte
+POLL_S = 0.1  # how often a request waiting on work elsewhere checks its client is there
 
 
 class HTTPError(AgentRLError, ValueError):
@@ -158,6 +161,27 @@ class App:
             if all(w == p or w.startswith("{") for w, p in zip(want, parts, strict=True)):
                 return route, params
         raise HTTPError(404, f"no route {method} {path} in {self.name}")
+
+
+def wait_while_connected(
+    request: Request, future: concurrent.futures.Future[T], *, timeout: float | None = None
+) -> T:
+    """The result of `future` (work on an event loop in another thread, e.g. from
+    `asyncio.run_coroutine_threadsafe`) while this request's thread waits. A client that
+    goes away cancels it (ClientGone); past `timeout` it is cancelled and TimeoutError
+    raised; cancelled where it runs: concurrent.futures.CancelledError."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return future.result(timeout=POLL_S)
+        except TimeoutError:
+            pass
+        if request.client_gone():
+            future.cancel()
+            raise ClientGone
+        if deadline is not None and time.monotonic() > deadline:
+            future.cancel()
+            raise TimeoutError
 
 
 def one_line(message: str) -> str:

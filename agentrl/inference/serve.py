@@ -50,13 +50,13 @@ from agentrl.inference.embedded import EMBEDDED_NAME
 from agentrl.inference.httpd import (
     READ_TIMEOUT_S,
     App,
-    ClientGone,
     HTTPError,
     Listener,
     Request,
     Response,
     Route,
     json_response,
+    wait_while_connected,
 )
 from agentrl.inference.openai import POLICY_VERSION_HEADER
 from agentrl.inference.vllm_api import (
@@ -84,7 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 600.0  # a completion running longer is cancelled (the router's timeout)
-POLL_S = 0.1  # how often a running completion checks that its client is still there
 
 
 class CompletionServer(App):
@@ -210,23 +209,14 @@ class CompletionServer(App):
         future = asyncio.run_coroutine_threadsafe(
             self.sampler.generate(body.prompt, params), self.loop
         )
-        deadline = time.monotonic() + self.request_timeout_s
-        while True:
-            try:
-                completion = future.result(timeout=POLL_S)
-                break
-            except TimeoutError:
-                pass
-            except concurrent.futures.CancelledError:
-                raise HTTPError(503, "the server shut down before this request finished") from None
-            if request.client_gone():
-                future.cancel()
-                raise ClientGone
-            if time.monotonic() > deadline:
-                future.cancel()
-                raise HTTPError(
-                    504, f"the completion ran past this server's {self.request_timeout_s:g} s limit"
-                )
+        try:
+            completion = wait_while_connected(request, future, timeout=self.request_timeout_s)
+        except concurrent.futures.CancelledError:
+            raise HTTPError(503, "the server shut down before this request finished") from None
+        except TimeoutError:
+            raise HTTPError(
+                504, f"the completion ran past this server's {self.request_timeout_s:g} s limit"
+            ) from None
         with self._tokenizer_lock:
             answer = completion_body(body, completion, self.tokenizer, self.model_name)
         return json_response(

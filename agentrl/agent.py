@@ -25,7 +25,7 @@ from agentrl import context
 from agentrl.chat import ChatSegment, ChatSession
 from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
 from agentrl.gateway.external import run_harness
-from agentrl.inference.base import Sampler, SamplingParams
+from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
 from agentrl.tasks.env import build_tools
 from agentrl.tasks.graders import DidNotRun, Evidence
@@ -307,6 +307,28 @@ class Episode:
             if clock is not None and left is not None:
                 clock.reschedule(loop.time() + left)
 
+    async def generate(
+        self, gate: Gate, prompt_ids: list[int], params: SamplingParams
+    ) -> tuple[Completion, float]:
+        """One reply from the policy under `gate`, the episode's clock stopped meanwhile;
+        (the completion, its seconds in the sampler once the slot was held)."""
+        with self.waiting_on_sampler():
+            async with gate():
+                start = time.monotonic()
+                completion = await self.sampler.generate(
+                    prompt_ids, params, session_id=self.trajectory_id
+                )
+                return completion, time.monotonic() - start
+
+    def snapshot_last_turn(self) -> None:
+        """Commit the sandbox as the last turn left it, when the policy says this turn is
+        due (and it has none yet): a replay point before the next turn."""
+        turns = self.turns
+        if self.sandbox is None or not turns or turns[-1].snapshot_id is not None:
+            return
+        if self.snapshots.due(len(turns)):
+            self.snapshots.start(self.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
+
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
         with self.boundary("eval", timeout):
@@ -447,8 +469,7 @@ async def _react(episode: Episode, gate: Gate) -> NoReturn:
         turn = await _sample(episode, gate, limits.max_new_tokens, "action")
         await episode.snapshots.settle(episode.trajectory_id)  # before the sandbox changes
         obs = await act(turn.action, task.spec.prompt.action_format, episode.tools, sandbox, turn)
-        if episode.snapshots.due(len(turns)):
-            episode.snapshots.start(sandbox, turn, f"turn-{len(turns) - 1:03d}")
+        episode.snapshot_last_turn()
         if obs.done:
             turn.observation = obs.text
             raise EpisodeEnd(StopReason.finished)
@@ -473,13 +494,7 @@ async def _sample(
         top_p=sampling.top_p,
         stop=tuple(sampling.stop) if kind == "action" else (),
     )
-    with episode.waiting_on_sampler():
-        async with gate():
-            start = time.monotonic()
-            completion = await episode.sampler.generate(
-                chat.ids, params, session_id=episode.trajectory_id
-            )
-            gen_seconds = time.monotonic() - start
+    completion, gen_seconds = await episode.generate(gate, chat.ids, params)
     begin = len(chat.response_ids)
     text = chat.add_sampled(
         completion.token_ids,

@@ -81,11 +81,12 @@ async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
             env = await _environment(episode, agent, gateway.url, sid, str(scratch))
             info.exit_code, log = await _beside(agent, env, scratch, recorder)
         else:
-            docker = episode.env.provider_name == "docker"
-            url = f"http://127.0.0.1:{FORWARD_PORT}" if docker else gateway.url
+            # A sandbox with no network has the gateway's socket mounted (TaskEnv.spec).
+            socket = server.SANDBOX_SOCKET_DIR in episode.sandbox.spec.mounts.values()
+            url = f"http://127.0.0.1:{FORWARD_PORT}" if socket else gateway.url
             inside = f"/tmp/agentrl-agent-{uuid.uuid4().hex[:12]}"
             env = await _environment(episode, agent, url, sid, inside)
-            info.exit_code, log = await _inside(episode, agent, env, recorder, docker, inside)
+            info.exit_code, log = await _inside(episode, agent, env, recorder, socket, inside)
         info.log_tail = log[-LOG_TAIL_BYTES:]
     finally:
         recorder.close()
@@ -93,9 +94,7 @@ async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
         info.calls, info.edits, info.drift = recorder.calls, recorder.edits, recorder.drift
         info.overridden = dict(recorder.overridden)
         shutil.rmtree(scratch, ignore_errors=True)
-    turns = episode.turns
-    if turns and episode.snapshots.due(len(turns)) and turns[-1].snapshot_id is None:
-        episode.snapshots.start(episode.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
+    episode.snapshot_last_turn()
     if recorder.failure is not None:
         raise recorder.failure
     if recorder.stop is not None:
@@ -188,15 +187,15 @@ async def _inside(
     agent: AgentConfig,
     env: dict[str, str],
     recorder: Recorder,
-    docker: bool,
+    forwarded: bool,
     scratch: str,
 ) -> tuple[int | None, str]:
     """Run the harness in the sandbox through its exec; stopped with the sandbox's
-    processes when its episode is over. In Docker, behind the socket forwarder."""
+    processes when its episode is over. `forwarded`: behind the socket forwarder."""
     sandbox = episode.sandbox
     assert sandbox is not None
     command = agent.command
-    if docker:
+    if forwarded:
         forward = f"{scratch}/forward.py"
         await sandbox.write_file(forward, (HARNESSES / "forward.py").read_bytes())
         socket = f"{server.SANDBOX_SOCKET_DIR}/{server.SOCKET_NAME}"
@@ -205,10 +204,10 @@ async def _inside(
         command = (
             f"python3 {forward} 127.0.0.1 {FORWARD_PORT} {socket} {ready} & "
             f"for _ in $(seq 200); do [ -e {ready} ] && break; sleep 0.05; done; "
-            '[ -e {ready} ] || { echo "agentrl: the gateway forwarder did not start '
+            f'[ -e {ready} ] || {{ echo "agentrl: the gateway forwarder did not start '
             '(is python3 in the image?)"; exit 127; }; '
             'bash -c "$AGENTRL_AGENT_COMMAND"; code=$?; kill %1 2>/dev/null; exit $code'
-        ).replace("{ready}", ready)
+        )
     limits = episode.task.spec.limits
     request = ExecRequest(command=command, timeout=limits.episode_timeout * 10, env=env)
     run = asyncio.ensure_future(sandbox.exec(request))

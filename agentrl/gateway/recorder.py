@@ -77,7 +77,6 @@ class Recorder:
         self.over = asyncio.Event()  # set when the episode is over: the harness is stopped
         self._lock = asyncio.Lock()
         self._replied_at: float | None = None
-        self._room = self._prompt_len = 0  # of the call being answered
         self._unanswered = False  # the ledger ends with a prompt whose reply never left
         self._calling: asyncio.Task[Any] | None = None  # the call being answered
 
@@ -96,6 +95,7 @@ class Recorder:
             self._admit(request.n)
             chat = self._chat_for(request)
             params = self._params(request.budget, request.stops, request.temperature, request.top_p)
+            prompt = len(chat)
             completion, turn = await self._sample(chat.ids, params)
             text = chat.add_sampled(
                 completion.token_ids,
@@ -106,7 +106,7 @@ class Recorder:
             turn.action = text
             turn.span = (turn.span[0], len(chat.response_ids))
             self.episode.turns.append(turn)
-            self._finish(completion, params)
+            self._finish(completion, prompt)
             shown = _without_stop(text, request.stops)  # the task's own stay in
             content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
             ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
@@ -118,7 +118,7 @@ class Recorder:
             finish = "tool_calls" if calls else _finish_reason(completion)
             await self._settle()
             logprobs = self._logprobs(completion) if request.logprobs else None
-            usage = wire.usage(self._prompt_len, len(completion.token_ids))
+            usage = wire.usage(prompt, len(completion.token_ids))
             return wire.chat_body(
                 f"chatcmpl-{self.episode.trajectory_id}-{self.calls}",
                 request.model or self.model,
@@ -143,14 +143,15 @@ class Recorder:
             params = self._params(
                 request.max_tokens, request.stops, request.temperature, request.top_p
             )
+            prompt = len(ledger.ids)
             completion, turn = await self._sample(ledger.ids, params)
             text = ledger.sampled(completion)
             turn.action = text
             turn.span = (turn.span[0], len(ledger.current.response_ids))
             self.episode.turns.append(turn)
-            self._finish(completion, params)
+            self._finish(completion, prompt)
             await self._settle()
-            usage = wire.usage(self._prompt_len, len(completion.token_ids))
+            usage = wire.usage(prompt, len(completion.token_ids))
             return wire.completion_body(
                 f"cmpl-{self.episode.trajectory_id}-{self.calls}",
                 request.model or self.model,
@@ -312,21 +313,13 @@ class Recorder:
                 "(context_length_exceeded): the episode is over",
             )
         params = params.model_copy(update={"max_tokens": min(params.max_tokens, room)})
-        turns = episode.turns
-        if turns and episode.snapshots.due(len(turns)) and episode.sandbox is not None:
-            episode.snapshots.start(episode.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
-        with episode.waiting_on_sampler():
-            async with self.gate():
-                start = time.monotonic()
-                try:
-                    completion = await episode.sampler.generate(
-                        ids, params, session_id=episode.trajectory_id
-                    )
-                except SamplerError as e:  # infrastructure: the episode fails, never graded
-                    self.failure = e
-                    self.end()
-                    raise HTTPError(OVER, "the episode is over (the sampler failed)") from e
-                seconds = time.monotonic() - start
+        episode.snapshot_last_turn()  # as the harness's actions since the last reply left it
+        try:
+            completion, seconds = await episode.generate(self.gate, ids, params)
+        except SamplerError as e:  # infrastructure: the episode fails, never graded
+            self.failure = e
+            self.end()
+            raise HTTPError(OVER, "the episode is over (the sampler failed)") from e
         self.calls += 1
         segment = len(self.segments) - 1
         turn = Turn(
@@ -337,12 +330,11 @@ class Recorder:
             gen_seconds=seconds,
             replica=completion.replica,
         )
-        self._room, self._prompt_len = room, len(ids)
         return completion, turn
 
-    def _finish(self, completion: Completion, params: SamplingParams) -> None:
-        """After a reply is in the ledger: an aborted one fails the episode (the
-        sampler's doing); one that filled the context ends it."""
+    def _finish(self, completion: Completion, prompt: int) -> None:
+        """After a reply to a `prompt`-token prompt is in the ledger: an aborted one fails
+        the episode (the sampler's doing); one that filled the context ends it."""
         if completion.finish_reason == "abort":
             self.failure = SamplerError(
                 f"the sampler aborted a reply after {len(completion.token_ids)} tokens",
@@ -350,7 +342,8 @@ class Recorder:
             )
             self.end()
             raise HTTPError(OVER, "the episode is over (the sampler aborted): stop the agent")
-        if completion.finish_reason == "length" and params.max_tokens >= self._room:
+        full = prompt + len(completion.token_ids) >= self.episode.task.spec.limits.context_length
+        if completion.finish_reason == "length" and full:
             self.end(StopReason.context_limit)
         self._replied_at = time.monotonic()
 

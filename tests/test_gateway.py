@@ -339,3 +339,45 @@ def test_the_gateway_fronts_replicas_behind_the_router(harness, tokenizer) -> No
         if m
     ]
     assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
+
+
+class FailsSecond(Recording):
+    """Its second call fails with a bug (no SamplerError: nothing the gateway expects)."""
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, session_id: str | None = None
+    ) -> Completion:
+        if self.calls:
+            raise RuntimeError("a bug in the sampler")
+        return await super().generate(prompt_ids, params, session_id)
+
+
+SWALLOWING = """
+import json, os, urllib.request
+for _ in range(2):
+    body = {"messages": [{"role": "user", "content": os.environ["AGENTRL_TASK"]}]}
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=60).read()
+    except Exception as e:
+        print("ignored:", e)
+"""
+
+
+def test_a_failed_call_is_infrastructure_even_if_the_harness_exits_0(
+    harness, tmp_path: Path, tokenizer
+) -> None:
+    """A harness that swallows the gateway's error and exits 0 does not make agentrl's
+    failure the agent's: the episode is aborted, never graded."""
+    (tmp_path / "swallow.py").write_text(SWALLOWING)
+    task = load_task(DATA / "task.yaml")
+    command = f'"$PYTHON" {tmp_path / "swallow.py"}'
+    agent = task.spec.agent.model_copy(update={"command": command})
+    task = task.model_copy(update={"spec": task.spec.model_copy(update={"agent": agent})})
+    traj = play(task, tokenizer, FailsSecond(ScriptedSampler(["Hello."], tokenizer)))
+    assert traj.agent is not None and traj.agent.exit_code == 0
+    assert "ignored: HTTP Error 404" in traj.agent.log_tail
+    assert traj.stop_reason == StopReason.aborted and not traj.trainable
+    assert traj.reward is None and traj.num_sampled == 0
+    assert traj.error == "RuntimeError: a bug in the sampler"

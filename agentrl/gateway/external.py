@@ -17,8 +17,10 @@ How it ends, as a stop reason: the harness exits with an ok exit code -> `finish
 agentrl refused a call (turns or context used up: HTTP 404, or OpenAI's
 context_length_exceeded 400) -> `max_turns` / `context_limit`, and the harness is
 stopped after `stop_grace`; the agent's own time ran out ->
-`episode_timeout`; the sampler failed, the harness exited otherwise, or it never called
-the model -> `aborted` (infrastructure: never graded, never trained on).
+`episode_timeout`; a call failed on agentrl's side (the sampler, the sandbox's exec, a
+bug: even if the harness then exits 0), the harness exited otherwise, or it never called
+the model -> `aborted` (`sandbox_error` when the sandbox failed; infrastructure: never
+graded, never trained on).
 """
 
 from __future__ import annotations

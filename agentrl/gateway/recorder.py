@@ -34,22 +34,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatSegment, ChatSession
 from agentrl.chat_formats import assistant_message, observation_message
-from agentrl.errors import SamplerError
+from agentrl.errors import AgentRLError, SamplerError
 from agentrl.gateway import wire
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.httpd import HTTPError
-from agentrl.sandbox.base import ExecRequest
+from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.toolcall import split_tool_calls
 from agentrl.trajectory import StopReason, ToolCall, Turn
 
 if TYPE_CHECKING:
     from agentrl.agent import Episode, Gate
+
+log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 OVER = 404
@@ -73,7 +77,7 @@ class Recorder:
         self.calls = self.edits = self.drift = 0
         self.overridden: Counter[str] = Counter()
         self.stop: StopReason | None = None  # why the episode ended for the harness
-        self.failure: SamplerError | None = None
+        self.failure: Exception | None = None  # infrastructure: the episode is never graded
         self.over = asyncio.Event()  # set when the episode is over: the harness is stopped
         self._lock = asyncio.Lock()
         self._replied_at: float | None = None
@@ -91,74 +95,80 @@ class Recorder:
 
     async def chat_completion(self, request: wire.ChatRequest) -> dict[str, Any]:
         async with self._lock:
-            self._calling = asyncio.current_task()
-            self._admit(request.n)
-            chat = self._chat_for(request)
-            params = self._params(request.budget, request.stops, request.temperature, request.top_p)
-            prompt = len(chat)
-            completion, turn = await self._sample(chat.ids, params)
-            text = chat.add_sampled(
-                completion.token_ids,
-                completion.finish_reason,
-                logprobs=completion.logprobs,
-                versions=completion.token_versions,
-            )
-            turn.action = text
-            turn.span = (turn.span[0], len(chat.response_ids))
-            self.episode.turns.append(turn)
-            self._finish(completion, prompt)
-            shown = _without_stop(text, request.stops)  # the task's own stay in
-            content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
-            ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
-            self.call_tools.update({cid: call.name for cid, call in zip(ids, calls, strict=True)})
-            turn.tool_call = calls[0] if calls else None
-            reply = wire.reply_message(content, calls, ids)
-            self.issued[wire.key(reply)] = text
-            self.view, self._unanswered = [*self.view, wire.key(reply)], False
-            finish = "tool_calls" if calls else _finish_reason(completion)
-            await self._settle()
-            logprobs = self._logprobs(completion) if request.logprobs else None
-            usage = wire.usage(prompt, len(completion.token_ids))
-            return wire.chat_body(
-                f"chatcmpl-{self.episode.trajectory_id}-{self.calls}",
-                request.model or self.model,
-                reply,
-                finish,
-                usage,
-                logprobs,
-            )
+            with self._infrastructure():
+                self._calling = asyncio.current_task()
+                self._admit(request.n)
+                chat = self._chat_for(request)
+                params = self._params(
+                    request.budget, request.stops, request.temperature, request.top_p
+                )
+                prompt = len(chat)
+                completion, turn = await self._sample(chat.ids, params)
+                text = chat.add_sampled(
+                    completion.token_ids,
+                    completion.finish_reason,
+                    logprobs=completion.logprobs,
+                    versions=completion.token_versions,
+                )
+                turn.action = text
+                turn.span = (turn.span[0], len(chat.response_ids))
+                self.episode.turns.append(turn)
+                self._finish(completion, prompt)
+                shown = _without_stop(text, request.stops)  # the task's own stay in
+                content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
+                ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
+                self.call_tools.update(
+                    {cid: call.name for cid, call in zip(ids, calls, strict=True)}
+                )
+                turn.tool_call = calls[0] if calls else None
+                reply = wire.reply_message(content, calls, ids)
+                self.issued[wire.key(reply)] = text
+                self.view, self._unanswered = [*self.view, wire.key(reply)], False
+                finish = "tool_calls" if calls else _finish_reason(completion)
+                await self._settle()
+                logprobs = self._logprobs(completion) if request.logprobs else None
+                usage = wire.usage(prompt, len(completion.token_ids))
+                return wire.chat_body(
+                    f"chatcmpl-{self.episode.trajectory_id}-{self.calls}",
+                    request.model or self.model,
+                    reply,
+                    finish,
+                    usage,
+                    logprobs,
+                )
 
     async def completion(self, request: wire.CompletionRequest) -> dict[str, Any]:
         async with self._lock:
-            self._calling = asyncio.current_task()
-            self._admit(request.n)
-            if self.chat is not None:  # from chat to raw prompts: a new conversation
-                self.done += self.chat.all_segments
-                self.chat = None
-                self.edits += 1
-            if self.text is None:
-                self.text = _TextLedger(self.episode.chat, len(self.done) > 0)
-            self.edits += self.text.prompt(request.prompt)
-            ledger = self.text
-            params = self._params(
-                request.max_tokens, request.stops, request.temperature, request.top_p
-            )
-            prompt = len(ledger.ids)
-            completion, turn = await self._sample(ledger.ids, params)
-            text = ledger.sampled(completion)
-            turn.action = text
-            turn.span = (turn.span[0], len(ledger.current.response_ids))
-            self.episode.turns.append(turn)
-            self._finish(completion, prompt)
-            await self._settle()
-            usage = wire.usage(prompt, len(completion.token_ids))
-            return wire.completion_body(
-                f"cmpl-{self.episode.trajectory_id}-{self.calls}",
-                request.model or self.model,
-                _without_stop(_without_eos(text, completion, ledger.eos_text), request.stops),
-                _finish_reason(completion),
-                usage,
-            )
+            with self._infrastructure():
+                self._calling = asyncio.current_task()
+                self._admit(request.n)
+                if self.chat is not None:  # from chat to raw prompts: a new conversation
+                    self.done += self.chat.all_segments
+                    self.chat = None
+                    self.edits += 1
+                if self.text is None:
+                    self.text = _TextLedger(self.episode.chat, len(self.done) > 0)
+                self.edits += self.text.prompt(request.prompt)
+                ledger = self.text
+                params = self._params(
+                    request.max_tokens, request.stops, request.temperature, request.top_p
+                )
+                prompt = len(ledger.ids)
+                completion, turn = await self._sample(ledger.ids, params)
+                text = ledger.sampled(completion)
+                turn.action = text
+                turn.span = (turn.span[0], len(ledger.current.response_ids))
+                self.episode.turns.append(turn)
+                self._finish(completion, prompt)
+                await self._settle()
+                usage = wire.usage(prompt, len(completion.token_ids))
+                return wire.completion_body(
+                    f"cmpl-{self.episode.trajectory_id}-{self.calls}",
+                    request.model or self.model,
+                    _without_stop(_without_eos(text, completion, ledger.eos_text), request.stops),
+                    _finish_reason(completion),
+                    usage,
+                )
 
     async def exec(self, request: wire.ExecRequest) -> dict[str, Any]:
         """A command in the episode's sandbox, for a harness beside it; it counts as the
@@ -166,6 +176,10 @@ class Recorder:
         sandbox = self.episode.sandbox
         if self.over.is_set() or sandbox is None:
             raise HTTPError(OVER, f"the episode is over ({self._why()}): stop the agent")
+        with self._infrastructure():
+            return await self._exec(sandbox, request)
+
+    async def _exec(self, sandbox: Sandbox, request: wire.ExecRequest) -> dict[str, Any]:
         limits = self.episode.task.spec.limits
         timeout = min(request.timeout or limits.tool_timeout, limits.tool_timeout)
         await self._settle()  # a snapshot of the state before this command, first
@@ -200,6 +214,22 @@ class Recorder:
             self._calling.cancel()
 
     # -- steps of a call ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _infrastructure(self) -> Iterator[None]:
+        """A call that fails for any reason but the harness's request (the sampler, the
+        sandbox, a bug here) fails the episode: never graded, whatever the harness does
+        after (one that swallows the error and exits 0 is not `finished`)."""
+        try:
+            yield
+        except HTTPError:
+            raise
+        except Exception as e:
+            if not isinstance(e, AgentRLError):
+                log.exception("%s: a gateway call failed", self.episode.trajectory_id)
+            self.failure = self.failure or e
+            self.end()
+            raise HTTPError(OVER, f"the episode is over (it failed: {e})") from e
 
     def _admit(self, n: int | None) -> None:
         if self.over.is_set():
@@ -314,12 +344,7 @@ class Recorder:
             )
         params = params.model_copy(update={"max_tokens": min(params.max_tokens, room)})
         episode.snapshot_last_turn()  # as the harness's actions since the last reply left it
-        try:
-            completion, seconds = await episode.generate(self.gate, ids, params)
-        except SamplerError as e:  # infrastructure: the episode fails, never graded
-            self.failure = e
-            self.end()
-            raise HTTPError(OVER, "the episode is over (the sampler failed)") from e
+        completion, seconds = await episode.generate(self.gate, ids, params)
         self.calls += 1
         segment = len(self.segments) - 1
         turn = Turn(

@@ -23,7 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from agentrl import context
 from agentrl.chat import ChatSegment, ChatSession
-from agentrl.errors import AgentRLError, GraderError, SamplerError, SandboxError
+from agentrl.errors import AgentRLError, ConfigError, GraderError, SamplerError, SandboxError
 from agentrl.gateway.external import run_harness
 from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
@@ -35,6 +35,7 @@ from agentrl.tools.base import Tool, schema
 from agentrl.trajectory import (
     INFRA_STOP_REASONS,
     AgentInfo,
+    BranchOf,
     EnvInfo,
     Segment,
     StopReason,
@@ -132,6 +133,17 @@ def conversation(
     return chat
 
 
+def rebuilds(traj: Trajectory, chat: ChatSession) -> bool:
+    """Whether a rebuilt chat is the recorded episode up to where it stands: every
+    segment's prompt, and its response so far."""
+    recorded = traj.ledgers()
+    rebuilt = chat.all_segments
+    return len(rebuilt) <= len(recorded) and all(
+        r.prompt_ids == c.prompt_ids and r.response_ids[: len(c.response_ids)] == c.response_ids
+        for r, c in zip(recorded, rebuilt, strict=False)
+    )
+
+
 def seen_messages(
     task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase
 ) -> list[dict[str, Any]]:
@@ -168,6 +180,11 @@ class Episode:
     stage never raises for a failure of the episode: its `boundary` records the stop
     reason and error, and later stages then do nothing, so every episode yields exactly
     one trajectory. Only cancellation propagates.
+
+    `branching=k` (the branch estimator) also commits the state before every k-th turn
+    and holds every snapshot at close: whoever branches from them reclaims them
+    (`agentrl.train.branches`). `Episode.continued` makes an episode that goes on from a
+    recorded one's turn, its INIT a restore of the snapshot before that turn.
     """
 
     def __init__(
@@ -181,11 +198,13 @@ class Episode:
         *,
         scheduled_step: int = 0,
         snapshots: SnapshotPolicy | None = None,
+        branching: int = 0,
     ) -> None:
         self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
-        self.snapshots = Snapshots(snapshots or task.spec.snapshots)
+        self.snapshots = Snapshots(snapshots or task.spec.snapshots, branching)
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
+        self.branch_of: BranchOf | None = None  # a continuation: whose, from which turn
         # An external agent brings its own tools and conversation: `chat` is then only the
         # task's text (the recorder keeps what the harness sent and was sampled).
         self.tools = env.tools() if task.spec.agent is None else {}
@@ -205,6 +224,47 @@ class Episode:
         self._clock: asyncio.Timeout | None = None  # episode_timeout, during RUN
         self._in_sampler = False
         self._closing: asyncio.Future[None] | None = None
+
+    @classmethod
+    def continued(
+        cls,
+        task: Task,
+        instance: Instance,
+        parent: Trajectory,
+        turn: int,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        env: EpisodeEnv,
+        *,
+        trajectory_id: str,
+        purpose: Literal["value", "replay"],
+        snapshot: str | None,
+    ) -> Episode:
+        """An episode that goes on from `parent` before its turn `turn`: the chat, token
+        ledger and turn records before it are the parent's (tokens verbatim), and, when
+        `snapshot` is given, its INIT restores that snapshot (the state before `turn`);
+        otherwise the caller hands it a sandbox. It commits no snapshots of its own."""
+        ep = cls(task, instance, 0, sampler, tokenizer, env, snapshots=SnapshotPolicy(every=0))
+        ep.trajectory_id = trajectory_id
+        ep.scheduled_step = parent.scheduled_step
+        ep.env_info = parent.env.model_copy(update={"init_attempts": 1})
+        ep.chat = conversation(task, parent, tokenizer, upto=turn)
+        if not rebuilds(parent, ep.chat):
+            raise ConfigError(
+                f"{parent.trajectory_id}: its turn records no longer rebuild its tokens (was "
+                "the task's prompt or chat template changed since the run?)",
+                fix="branch from a run made with the task as it is now",
+            )
+        ep.turns = [u.model_copy() for u in parent.turns[:turn]]
+        ep.branch_of = BranchOf(
+            trajectory_id=parent.trajectory_id, turn=turn, snapshot=snapshot, purpose=purpose
+        )
+        return ep
+
+    @property
+    def first_turn(self) -> int:
+        """Turns before this one are inherited (a continuation's prefix)."""
+        return self.branch_of.turn if self.branch_of is not None else 0
 
     @property
     def failed(self) -> bool:
@@ -270,12 +330,19 @@ class Episode:
                 with attempt:
                     self.env_info.init_attempts = attempt.retry_state.attempt_number
                     async with asyncio.timeout(timeout):
-                        self.sandbox = await self.env.init(self.instance, name=self.trajectory_id)
+                        self.sandbox = await self._start()
             if self.sandbox is not None:  # the image that ran (SWE-bench: the instance's own)
                 self.env_info.image = self.sandbox.spec.image
                 self.env_info.node = self.sandbox.spec.node
                 if self.snapshots.due(0):
                     self.snapshots.start(self.sandbox, self.env_info, "init")
+
+    async def _start(self) -> Sandbox:
+        """A fresh sandbox, or, for a continuation, the snapshot it branches from."""
+        restore = self.branch_of.snapshot if self.branch_of is not None else None
+        if restore is None:
+            return await self.env.init(self.instance, name=self.trajectory_id)
+        return await self.env.restore(self.instance, restore, name=self.trajectory_id)
 
     async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:
         """The ReAct turns; `gate` is held around each generation request."""
@@ -358,6 +425,8 @@ class Episode:
             await self.snapshots.remove(self.env.remove_snapshot)
 
     def _drops_snapshots(self) -> bool:
+        if self.snapshots.held:  # the branches that need them reclaim them
+            return False
         key = f"{self.env.run_id}/{self.trajectory_id}"
         return not self.failed and self.snapshots.dropped(key, self.reward)
 
@@ -403,6 +472,7 @@ class Episode:
                 seconds={stage: round(s, 3) for stage, s in self.seconds.items()},
                 env=env_info,
                 agent=self.agent_info,
+                branch_of=self.branch_of,
                 error=self.error,
                 fix=self.fix,
             )

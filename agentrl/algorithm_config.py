@@ -10,8 +10,47 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce"]
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce", "branch"]
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+class BranchConfig(BaseModel):
+    """Where the branch estimator restores an episode's sandbox and continues it, and how
+    often (`agentrl.algorithms.branch_credit`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(default=2, ge=1, le=64, description="continuations per branched state")
+    select: Literal["every", "count", "uncertain"] = Field(
+        default="every",
+        description="every: the states before turns every, 2*every, ...; count: `count` "
+        "states per episode, evenly spread; uncertain: before and after the `count` turns "
+        "whose replies had the lowest mean sampler logprob",
+    )
+    every: int = Field(default=1, ge=1, description="select every: branch before every k-th turn")
+    count: int = Field(default=1, ge=1, description="select count or uncertain: how many")
+    train: bool = Field(
+        default=False,
+        description="also train on the continuations (their own turns only, against the "
+        "value of the state they started from); default: they only estimate values",
+    )
+
+    @model_validator(mode="after")
+    def _options_of_select(self) -> BranchConfig:
+        owner = {"every": "every", "count": "count"}
+        foreign = [
+            f
+            for f in sorted(self.model_fields_set & set(owner))
+            if not (f == "every" and self.select == "every")
+            and not (f == "count" and self.select in ("count", "uncertain"))
+        ]
+        if foreign:
+            raise ValueError(f"{', '.join(foreign)}: not read by select {self.select}")
+        return self
+
+    def snapshot_every(self) -> int:
+        """Which turns' states the episodes must commit so they can be branched."""
+        return self.every if self.select == "every" else 1
 
 
 class AdvantageConfig(BaseModel):
@@ -19,17 +58,28 @@ class AdvantageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    estimator: Estimator = Field(default="grpo", description="grpo, dr_grpo, rloo or reinforce")
-    normalize_std: bool = Field(default=True, description="grpo only: divide by the group std")
-    eps: float = Field(default=1e-6, ge=0, description="grpo only: added to the std")
+    estimator: Estimator = Field(
+        default="grpo", description="grpo, dr_grpo, rloo, reinforce or branch"
+    )
+    normalize_std: bool = Field(
+        default=True, description="grpo and branch: divide by the group's reward std"
+    )
+    eps: float = Field(default=1e-6, ge=0, description="grpo and branch: added to the std")
+    branch: BranchConfig | None = Field(
+        default=None, description="estimator branch: where to branch (default: BranchConfig())"
+    )
 
     @model_validator(mode="after")
     def _grpo_options(self) -> AdvantageConfig:
         given = sorted(self.model_fields_set & {"normalize_std", "eps"})
-        if given and self.estimator != "grpo":
+        if given and self.estimator not in ("grpo", "branch"):
             raise ValueError(
-                f"{', '.join(given)}: only read by estimator grpo, not {self.estimator}"
+                f"{', '.join(given)}: only read by estimators grpo and branch, not {self.estimator}"
             )
+        if self.branch is not None and self.estimator != "branch":
+            raise ValueError(f"branch: only read by estimator branch, not {self.estimator}")
+        if self.estimator == "branch" and self.branch is None:
+            self.branch = BranchConfig()
         return self
 
 

@@ -11,6 +11,9 @@ rewards within a group (the episodes of one prompt, `group_id`):
 - rloo (Ahmadian et al. 2024): A_i = r_i - mean of the other n - 1 rewards.
 - reinforce: A_i = r_i - b, with b the mean reward over the whole batch.
 
+- branch (turn-level credit from sandbox branches, `branch_credit`): GRPO's outcome
+  advantage split over an episode's turns by values estimated from restored sandboxes.
+
 Rewards that are all equal carry no signal: their advantages are exactly 0.0 (never
 rounding noise amplified by 1 / eps), and so is a group of one. An infrastructure
 failure (`not trajectory.trainable`) is not the agent's outcome: it enters no statistic
@@ -85,6 +88,15 @@ def _rewards_by_group(trajectories: Sequence[Trajectory]) -> dict[str, dict[str,
     return groups
 
 
+def _std(rewards: Sequence[float]) -> float:
+    """The sample standard deviation (n - 1); 0.0 for fewer than two."""
+    n = len(rewards)
+    if n < 2:
+        return 0.0
+    mean = math.fsum(rewards) / n
+    return math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
+
+
 def _centered(rewards: list[float], config: AdvantageConfig) -> list[float]:
     n = len(rewards)
     if n < 2 or min(rewards) == max(rewards):  # no signal: exactly zero, not eps-scaled noise
@@ -93,17 +105,19 @@ def _centered(rewards: list[float], config: AdvantageConfig) -> list[float]:
     mean = total / n
     if config.estimator == "rloo":
         return [r - (total - r) / (n - 1) for r in rewards]
-    if config.estimator == "grpo" and config.normalize_std:
-        std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (n - 1))
-        return [(r - mean) / (std + config.eps) for r in rewards]
+    if config.estimator in ("grpo", "branch") and config.normalize_std:
+        return [(r - mean) / (_std(rewards) + config.eps) for r in rewards]
     return [r - mean for r in rewards]
 
 
 def compute_advantages(
     trajectories: Sequence[Trajectory], config: AdvantageConfig
 ) -> dict[str, float]:
-    """Advantage of every trajectory, keyed by trajectory_id (0.0 for infra failures)."""
-    groups = _rewards_by_group(trajectories)
+    """Advantage of every trajectory, keyed by trajectory_id (0.0 for infra failures).
+
+    Continuations (`branch_of`) enter no group: the outcome advantage is the fresh
+    episodes'; `branch_credit` gives continuations theirs."""
+    groups = _rewards_by_group([t for t in trajectories if t.branch_of is None])
     if config.estimator == "reinforce":
         pools = [{tid: r for group in groups.values() for tid, r in group.items()}]
     else:
@@ -115,7 +129,9 @@ def compute_advantages(
 
 
 def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
-    """How many groups the batch has, and how many of them carry no signal."""
+    """How many groups the batch has, and how many of them carry no signal (its fresh
+    episodes; continuations belong to no group)."""
+    trajectories = [t for t in trajectories if t.branch_of is None]
     groups = _rewards_by_group(trajectories)
     trainable = sum(len(group) for group in groups.values())
     return GroupStats(
@@ -124,6 +140,77 @@ def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
         trainable=trainable,
         infra_failed=len(trajectories) - trainable,
     )
+
+
+@dataclass(frozen=True)
+class BranchCredit:
+    """What the branch estimator makes of a batch."""
+
+    outcome: dict[str, float]  # GRPO's advantage per trajectory (continuations: 0.0)
+    per_turn: dict[str, list[float]]  # the advantage of each turn, per trajectory
+    values: dict[tuple[str, int], tuple[float, int]]  # (id, turn) -> (V of the state, n)
+
+
+def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -> BranchCredit:
+    """Per-turn advantages from the values of restored states (VinePPO's Monte-Carlo
+    estimate, with turns as its steps).
+
+    The value of the state before turn t of an episode, V(s_t), is the mean reward of its
+    continuations (`branch_of`: restored from the snapshot before turn t, sampled on by
+    the policy); V(s_0) is the group's mean reward (GRPO's baseline: every episode of a
+    group starts from the same state) and the state after the last turn is worth the
+    episode's reward r. With the branched turns b_1 < ... < b_m, a turn u in
+    [b_j, b_j+1) gets A_u = (V(s_b_j+1) - V(s_b_j)) / sigma, sigma the group's reward
+    std + eps (GRPO's scale; the batch's when the group's rewards are all equal; 1 without
+    `normalize_std`). The differences telescope: with every turn branched they sum to
+    (r - mean) / sigma, GRPO's advantage, which an episode without a branched state gets
+    on every turn. A state's value never includes the episode's own reward (which depends
+    on the turn it baselines). Continuations enter no group statistic; with `branch.train`
+    each gets (R - V(s_t)) / sigma on its own turns, RLOO-like at the restored state.
+    """
+    cfg = config.branch
+    train = cfg is not None and cfg.train
+    fresh = [t for t in trajectories if t.branch_of is None]
+    outcome = compute_advantages(trajectories, config)
+    groups = _rewards_by_group(fresh)
+    pooled = _std([r for g in groups.values() for r in g.values()])
+    scale: dict[str, float] = {}
+    mean: dict[str, float] = {}
+    for gid, group in groups.items():
+        rewards = list(group.values())
+        mean[gid] = math.fsum(rewards) / len(rewards)
+        spread = _std(rewards) if min(rewards) != max(rewards) else pooled
+        scale[gid] = spread + config.eps if config.normalize_std and spread > 0 else 1.0
+    returns: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for c in trajectories:
+        if c.branch_of is not None and c.trainable and c.reward is not None:
+            returns[(c.branch_of.trajectory_id, c.branch_of.turn)].append(c.reward)
+    values = {key: (math.fsum(rs) / len(rs), len(rs)) for key, rs in returns.items()}
+    parents = {t.trajectory_id: t for t in fresh}
+    per_turn: dict[str, list[float]] = {}
+    for t in trajectories:
+        n = len(t.turns)
+        per_turn[t.trajectory_id] = [0.0] * n
+        if not t.trainable or t.reward is None:
+            continue
+        if t.branch_of is not None:
+            parent = parents.get(t.branch_of.trajectory_id)
+            key = (t.branch_of.trajectory_id, t.branch_of.turn)
+            if train and parent is not None and parent.trainable and key in values:
+                a = (t.reward - values[key][0]) / scale[parent.group_id]
+                per_turn[t.trajectory_id] = [0.0] * t.branch_of.turn + [a] * (n - t.branch_of.turn)
+            continue
+        cuts = [u for u in range(1, n) if (t.trajectory_id, u) in values]
+        if not cuts:
+            per_turn[t.trajectory_id] = [outcome[t.trajectory_id]] * n
+            continue
+        v = {0: mean[t.group_id], n: t.reward} | {u: values[(t.trajectory_id, u)][0] for u in cuts}
+        bounds = [0, *cuts, n]
+        advs: list[float] = []
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            advs += [(v[b] - v[a]) / scale[t.group_id]] * (b - a)
+        per_turn[t.trajectory_id] = advs
+    return BranchCredit(outcome, per_turn, values)
 
 
 def loss_denominators(mask_B_T: torch.Tensor) -> tuple[float, float]:
@@ -166,7 +253,7 @@ def _local_mean(x_B_T: torch.Tensor, on_B_T: torch.Tensor) -> float:
 def policy_loss(
     logprobs_B_T: torch.Tensor,
     old_logprobs_B_T: torch.Tensor,
-    advantages_B: torch.Tensor,
+    advantages: torch.Tensor,
     mask_B_T: torch.Tensor,
     config: LossConfig,
     *,
@@ -174,7 +261,8 @@ def policy_loss(
     total_seqs: float,
     ref_logprobs_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The scalar loss of one (micro-)batch and its metrics.
+    """The scalar loss of one (micro-)batch and its metrics. `advantages` is [B] (one per
+    sequence) or [B, T] (one per token: turn-level credit).
 
     Metrics: `loss`, `pg_loss` and `kl_loss` use the batch denominators (they sum over
     micro-batches); `ratio_mean`, `kl_mean` and the `*_frac` values are means over this
@@ -187,8 +275,8 @@ def policy_loss(
         raise ValueError(
             f"logprobs, old/ref logprobs and mask must share one [B, T] shape: {shapes}"
         )
-    if advantages_B.shape != logprobs_B_T.shape[:1]:
-        raise ValueError(f"advantages must be [B]: {tuple(advantages_B.shape)}")
+    if advantages.shape not in (logprobs_B_T.shape[:1], logprobs_B_T.shape):
+        raise ValueError(f"advantages must be [B] or [B, T]: {tuple(advantages.shape)}")
     if config.kl_coef > 0 and ref_logprobs_B_T is None:
         raise ValueError(f"kl_coef {config.kl_coef} needs ref_logprobs_B_T (reference logprobs)")
 
@@ -196,27 +284,29 @@ def policy_loss(
     # Padding values are never read, so inf or nan there reaches neither loss nor gradient.
     lp_B_T = torch.where(on_B_T, logprobs_B_T, 0.0)
     ratio_B_T = torch.exp(torch.where(on_B_T, lp_B_T - old_logprobs_B_T.detach(), 0.0))
-    adv_B_1 = advantages_B.detach().to(lp_B_T.dtype)[:, None]
+    adv_B_T = advantages.detach().to(lp_B_T.dtype)  # [B, 1] or [B, T]: broadcast alike
+    if adv_B_T.dim() == 1:
+        adv_B_T = adv_B_T[:, None]
     metrics = {"tokens": float(on_B_T.sum()), "ratio_mean": _local_mean(ratio_B_T, on_B_T)}
 
     if config.type == "ppo":
-        unclipped_B_T = -adv_B_1 * ratio_B_T
-        clipped_B_T = -adv_B_1 * ratio_B_T.clamp(1 - config.clip_low, 1 + config.clip_high)
+        unclipped_B_T = -adv_B_T * ratio_B_T
+        clipped_B_T = -adv_B_T * ratio_B_T.clamp(1 - config.clip_low, 1 + config.clip_high)
         pg_B_T = torch.maximum(unclipped_B_T, clipped_B_T)
         was_clipped_B_T = clipped_B_T > unclipped_B_T
-        metrics["clip_high_frac"] = _local_mean(was_clipped_B_T & (adv_B_1 > 0), on_B_T)
-        metrics["clip_low_frac"] = _local_mean(was_clipped_B_T & (adv_B_1 < 0), on_B_T)
+        metrics["clip_high_frac"] = _local_mean(was_clipped_B_T & (adv_B_T > 0), on_B_T)
+        metrics["clip_low_frac"] = _local_mean(was_clipped_B_T & (adv_B_T < 0), on_B_T)
         if config.dual_clip is not None:
-            cap_B_1 = -adv_B_1 * config.dual_clip
-            dual_B_T = (adv_B_1 < 0) & (pg_B_T > cap_B_1)
-            pg_B_T = torch.where(dual_B_T, cap_B_1, pg_B_T)
+            cap_B_T = -adv_B_T * config.dual_clip
+            dual_B_T = (adv_B_T < 0) & (pg_B_T > cap_B_T)
+            pg_B_T = torch.where(dual_B_T, cap_B_T, pg_B_T)
             metrics["dual_clip_frac"] = _local_mean(dual_B_T, on_B_T)
     elif config.type == "tis":
         weight_B_T = ratio_B_T.detach().clamp(max=config.tis_cap)
-        pg_B_T = -weight_B_T * adv_B_1 * lp_B_T
+        pg_B_T = -weight_B_T * adv_B_T * lp_B_T
         metrics["tis_capped_frac"] = _local_mean(ratio_B_T > config.tis_cap, on_B_T)
     elif config.type == "importance_sampling":
-        pg_B_T = -ratio_B_T * adv_B_1
+        pg_B_T = -ratio_B_T * adv_B_T
     else:
         pg_B_T = -lp_B_T
 

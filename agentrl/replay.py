@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.agent import Episode, build_tools, conversation
+from agentrl.agent import Episode, build_tools
 from agentrl.errors import ConfigError
 from agentrl.runner import make_env, read_run_info
 from agentrl.tasks.formats import load_any
@@ -37,7 +37,6 @@ from agentrl.trajectory import Trajectory, TrajectoryStore, Turn
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.chat import ChatSession
     from agentrl.inference.base import Sampler
     from agentrl.sandbox.base import Sandbox, SandboxProvider
     from agentrl.tasks.env import TaskEnv
@@ -240,20 +239,20 @@ async def branch(
     traj, task = session.traj, session.task
     session.agentrl_played("branch it (a branch continues agentrl's own loop)")
     try:
-        _, _, divergence = await restore_to(session, from_turn)
+        _, snapshot, divergence = await restore_to(session, from_turn)
         await close_all(session.tools, None)  # the episode brings its own tools
-        episode = Episode(task, session.instance, 0, sampler, tokenizer, session.env)
-        episode.trajectory_id = f"{traj.trajectory_id}~{from_turn}-{uuid.uuid4().hex[:4]}"
-        episode.scheduled_step = traj.scheduled_step
-        episode.env_info = traj.env.model_copy()  # its INIT (and snapshot) was the original's
-        episode.chat = conversation(task, traj, tokenizer, upto=from_turn)
-        if not _rebuilds(traj, episode.chat):
-            raise ConfigError(
-                f"{trajectory_id}: its turn records no longer rebuild its tokens (was the "
-                "task's prompt or chat template changed since the run?)",
-                fix="branch from a run made with the task as it is now",
-            )
-        episode.turns = [t.model_copy() for t in traj.turns[:from_turn]]
+        episode = Episode.continued(
+            task,
+            session.instance,
+            traj,
+            from_turn,
+            sampler,
+            tokenizer,
+            session.env,
+            trajectory_id=f"{traj.trajectory_id}~{from_turn}-{uuid.uuid4().hex[:4]}",
+            purpose="replay",
+            snapshot=snapshot,
+        )
         episode.sandbox, session.sandbox = session.sandbox, None
         try:
             await episode.run()
@@ -265,17 +264,6 @@ async def branch(
         await session.close()
     TrajectoryStore(run_dir / BRANCHES).append(result)
     return result, divergence
-
-
-def _rebuilds(traj: Trajectory, chat: ChatSession) -> bool:
-    """Whether the rebuilt chat is the recorded episode up to where it stands: every
-    segment's prompt, and its response so far."""
-    recorded = traj.ledgers()
-    rebuilt = chat.all_segments
-    return len(rebuilt) <= len(recorded) and all(
-        r.prompt_ids == c.prompt_ids and r.response_ids[: len(c.response_ids)] == c.response_ids
-        for r, c in zip(recorded, rebuilt, strict=False)
-    )
 
 
 async def open_shell(

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentrl.agent import Episode, seen_messages
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
+from agentrl.dispatch.core import Feed
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
@@ -194,16 +195,18 @@ def progress_bars(show: bool) -> Progress:
 
 
 async def stream_episodes(
-    episodes: list[Episode],
+    episodes: list[Episode] | Feed,
     dispatcher: DispatchConfig,
     keep: Callable[[Trajectory], None],
     progress: Progress,
     name: str,
 ) -> None:
     """Run `episodes` through a fresh dispatcher, handing each trajectory to `keep` as it
-    finishes (nothing else holds it), under a bar `name` showing the reward mean so far."""
+    finishes (nothing else holds it), under a bar `name` showing the reward mean so far.
+    A feed may grow while it runs (`keep` may put more in it; the bar's total follows)."""
     graded, total, infra = 0, 0.0, 0
-    bar = progress.add_task("", total=len(episodes), name=name)
+    size = (lambda: episodes.size) if isinstance(episodes, Feed) else (lambda: len(episodes))
+    bar = progress.add_task("", total=size(), name=name)
     try:
         async with aclosing(dispatcher.build().run(episodes)) as stream:
             async for traj in stream:
@@ -214,7 +217,7 @@ async def stream_episodes(
                     infra += 1
                 mean = f"{total / graded:.2f}" if graded else "-"
                 shown = f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
-                progress.update(bar, advance=1, description=shown)
+                progress.update(bar, advance=1, total=size(), description=shown)
     finally:
         progress.remove_task(bar)
 

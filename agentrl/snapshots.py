@@ -5,7 +5,9 @@ generation runs; the next action waits for the commit (`settle`), so the snapsho
 the state the turn left. A failed commit loses a replay point, never the episode.
 Retention: a full-reward success keeps its snapshots only if it falls in the
 `keep_successful` sample, drawn from a hash of its ids so the choice is reproducible;
-the others are removed at close and recorded as none.
+the others are removed at close and recorded as none. An episode trained with branch
+credit also commits the states its branches need and holds every snapshot at close;
+`reclaimable` then says which of them the replay policy would not have kept.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from agentrl.errors import AgentRLError
 from agentrl.sandbox.base import Sandbox
 from agentrl.tasks.spec import SnapshotPolicy
-from agentrl.trajectory import EnvInfo, Turn
+from agentrl.trajectory import EnvInfo, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +29,24 @@ log = logging.getLogger(__name__)
 class Snapshots:
     """The commits one episode makes (a branch inherits others, which it never removes)."""
 
-    def __init__(self, policy: SnapshotPolicy) -> None:
+    def __init__(self, policy: SnapshotPolicy, branching: int = 0) -> None:
         self.policy = policy
+        self.branching = branching  # also commit before every k-th turn, and hold them all
         # The commit in flight and where its id goes: the turn, or the INIT record.
         self._pending: tuple[Turn | EnvInfo, asyncio.Future[str]] | None = None
         self.made: list[str] = []
 
     def due(self, turns_done: int) -> bool:
         """Whether the turn that makes `turns_done` turns is committed (0: the INIT state)."""
-        every = self.policy.every
-        return bool(every) and turns_done % every == 0
+        every, k = self.policy.every, self.branching
+        return (bool(every) and turns_done % every == 0) or (
+            bool(k) and turns_done > 0 and turns_done % k == 0
+        )
+
+    @property
+    def held(self) -> bool:
+        """Whether close leaves every snapshot in place (branches reclaim them)."""
+        return bool(self.branching)
 
     def start(self, sandbox: Sandbox, record: Turn | EnvInfo, label: str) -> None:
         """Commit the sandbox in the background; its id goes to `record` once settled."""
@@ -71,16 +81,39 @@ class Snapshots:
 
     def unrecorded(self, turns: list[Turn], env: EnvInfo) -> tuple[list[Turn], EnvInfo]:
         """The records without the snapshots this episode made (they are being removed)."""
-        gone = set(self.made)
-        turns = [
-            t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t
-            for t in turns
+        return unrecorded(turns, env, set(self.made))
+
+    def reclaimable(self, key: str, traj: Trajectory) -> set[str]:
+        """The snapshots of a held episode that its replay policy would not have kept:
+        those committed only for branching, and all of them for a success retention drops."""
+        made = [(0, traj.env.init_snapshot)] + [
+            (k + 1, turn.snapshot_id) for k, turn in enumerate(traj.turns)
         ]
-        if env.init_snapshot in gone:
-            env = env.model_copy(update={"init_snapshot": None})
-        return turns, env
+        every = self.policy.every
+        drop_all = traj.trainable and self.dropped(key, traj.reward)
+        return {
+            sid for done, sid in made if sid and (drop_all or not (every and done % every == 0))
+        }
 
     async def remove(self, remove: Callable[[str], Awaitable[int]]) -> None:
         for snapshot_id in self.made:
             with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
                 await remove(snapshot_id)
+
+
+def unrecorded(turns: list[Turn], env: EnvInfo, gone: set[str]) -> tuple[list[Turn], EnvInfo]:
+    """Turn and INIT records without the snapshots in `gone` (removed, or being removed)."""
+    turns = [
+        t.model_copy(update={"snapshot_id": None}) if t.snapshot_id in gone else t for t in turns
+    ]
+    if env.init_snapshot in gone:
+        env = env.model_copy(update={"init_snapshot": None})
+    return turns, env
+
+
+def without_snapshots(traj: Trajectory, gone: set[str]) -> Trajectory:
+    """`traj` recording none of the snapshots in `gone`."""
+    turns, env = unrecorded(traj.turns, traj.env, gone)
+    if turns == traj.turns and env == traj.env:
+        return traj
+    return traj.model_copy(update={"turns": turns, "env": env})

@@ -167,7 +167,9 @@ class TrainConfig(_Model):
     @model_validator(mode="after")
     def _groups(self) -> TrainConfig:
         estimator = self.algorithm.advantage.estimator
-        if estimator in ("grpo", "dr_grpo", "rloo") and self.schedule.n_samples_per_prompt < 2:
+        if estimator in ("grpo", "dr_grpo", "rloo", "branch") and (
+            self.schedule.n_samples_per_prompt < 2
+        ):
             raise ValueError(
                 f"advantage {estimator} compares the episodes of a prompt: "
                 "schedule.n_samples_per_prompt must be at least 2"

@@ -147,6 +147,19 @@ class AgentInfo(_Strict):
     log_tail: str = Field(default="", description="the end of what the harness printed")
 
 
+class BranchOf(_Strict):
+    """Where a continuation came from: its turns before `turn` (and their tokens) are
+    `trajectory_id`'s, and its sandbox started as `snapshot`, the state before that turn."""
+
+    trajectory_id: str
+    turn: int = Field(ge=1, description="the first turn this episode sampled itself")
+    snapshot: str | None = Field(default=None, description="the snapshot it was restored from")
+    purpose: Literal["value", "replay"] = Field(
+        description="value: estimating the state's value in training (`estimator: branch`); "
+        "replay: `agentrl replay --branch`"
+    )
+
+
 class Segment(_Strict):
     """A continuation of the episode after its history was rewritten: a token ledger of
     its own, with the same invariant as the trajectory's first one."""
@@ -189,6 +202,9 @@ class Trajectory(_Strict):
     env: EnvInfo = Field(default_factory=EnvInfo)
     agent: AgentInfo | None = Field(
         default=None, description="the external harness that produced it (None: agentrl's loop)"
+    )
+    branch_of: BranchOf | None = Field(
+        default=None, description="a continuation of another episode (None: a fresh one)"
     )
     error: str | None = Field(default=None, description="what went wrong, for infra failures")
     fix: str | None = Field(default=None, description="how to fix that error, when known")

@@ -5,7 +5,9 @@ flattened for a learner: `prompt_ids + response_ids` as `tokens`, with the loss 
 the sampler's logprobs and the episode's advantage aligned to them. It holds tokens
 only, never text, so the learner scores exactly what the sampler sampled. A segmented
 episode is several samples with one advantage; each is a sequence for the loss's
-seq-mean aggregations.
+seq-mean aggregations. With turn-level credit (the branch estimator) each sampled token
+carries its turn's advantage (`token_advantages`), and a continuation's sample trains
+only the tokens it sampled itself: its inherited prefix is the parent's, trained once.
 The checkpoint layout every backend shares lives in `agentrl.backends.checkpoint`.
 """
 
@@ -37,7 +39,10 @@ class Sample(BaseModel):
     tokens: list[int] = Field(description="prompt_ids + response_ids, verbatim")
     loss_mask: list[int] = Field(description="1 where the sampler produced that token")
     sampler_logprobs: list[float] = Field(description="sampler logprob of each token, 0.0 off-mask")
-    advantage: float
+    advantage: float = Field(description="the episode's outcome advantage")
+    token_advantages: list[float] | None = Field(
+        default=None, description="per token (0.0 off-mask), when turns differ; else None"
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
@@ -60,21 +65,48 @@ class Sample(BaseModel):
                 raise ValueError(f"{where}: sampler_logprobs[{i}] = {lp} with loss_mask {m}")
         if not math.isfinite(self.advantage):
             raise ValueError(f"{where}: advantage {self.advantage} is not finite")
+        if self.token_advantages is not None:
+            if len(self.token_advantages) != n:
+                raise ValueError(
+                    f"{where}: token_advantages ({len(self.token_advantages)}) must have the "
+                    f"length of tokens ({n})"
+                )
+            for i, (m, a) in enumerate(zip(self.loss_mask, self.token_advantages, strict=True)):
+                if not math.isfinite(a) or (not m and a != 0.0):
+                    raise ValueError(f"{where}: token_advantages[{i}] = {a} with loss_mask {m}")
         return self
 
     @property
     def num_sampled(self) -> int:
         return sum(self.loss_mask)
 
+    def advantages_T(self) -> list[float]:
+        """The advantage of every token (the episode's on every sampled one, unless the
+        turns carry their own), 0.0 off-mask."""
+        if self.token_advantages is not None:
+            return self.token_advantages
+        return [self.advantage if m else 0.0 for m in self.loss_mask]
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether some sampled token has a non-zero advantage."""
+        return any(a != 0.0 for a in self.advantages_T())
+
 
 def samples_from(
-    trajectories: Iterable[Trajectory], advantages: Mapping[str, float]
+    trajectories: Iterable[Trajectory],
+    advantages: Mapping[str, float],
+    per_turn: Mapping[str, Sequence[float]] | None = None,
 ) -> list[Sample]:
     """Flatten checked trajectories into samples, one per ledger (segment) with a
     sampled token, each carrying its episode's advantage, up to its last sampled token
     (an episode ended `context_limit` may hold an observation past the context).
 
-    Infrastructure failures carry a zero loss mask, so they never reach a learner.
+    `per_turn[id]` gives each turn's tokens their own advantage (tokens outside every
+    turn keep the episode's). A continuation (`branch_of`) keeps only what it sampled
+    itself: loss mask and logprobs are zero before its first turn, and earlier ledgers
+    are dropped. Infrastructure failures carry a zero loss mask, so they never reach a
+    learner.
     """
     samples = []
     for t in trajectories:
@@ -83,20 +115,45 @@ def samples_from(
             continue
         if t.trajectory_id not in advantages:
             raise TrajectoryError(f"trajectory {t.trajectory_id!r}: no advantage computed for it")
+        turn_advs = None if per_turn is None else per_turn.get(t.trajectory_id)
+        if turn_advs is not None and len(turn_advs) != len(t.turns):
+            raise TrajectoryError(
+                f"trajectory {t.trajectory_id!r}: {len(turn_advs)} turn advantages for "
+                f"{len(t.turns)} turns"
+            )
+        own = (0, 0)  # (ledger, position) where its own sampling starts
+        if t.branch_of is not None and t.branch_of.turn < len(t.turns):
+            first = t.turns[t.branch_of.turn]
+            own = (first.segment, first.span[0])
         for k, ledger in enumerate(t.ledgers()):
-            if not any(ledger.loss_mask):
+            mask, logprobs = list(ledger.loss_mask), list(ledger.logprobs)
+            if k < own[0]:
+                continue
+            if k == own[0]:
+                mask[: own[1]] = [0] * own[1]
+                logprobs[: own[1]] = [0.0] * own[1]
+            if not any(mask):
                 continue
             pad = len(ledger.prompt_ids)
             # Tokens after the last sampled one carry no loss: the learner never needs them.
-            end = max(i for i, m in enumerate(ledger.loss_mask) if m) + 1
+            end = max(i for i, m in enumerate(mask) if m) + 1
+            token_advs = None
+            if turn_advs is not None:
+                by_pos = [advantages[t.trajectory_id]] * end
+                for turn, a in zip(t.turns, turn_advs, strict=True):
+                    if turn.segment == k:
+                        by_pos[turn.span[0] : turn.span[1]] = [a] * (turn.span[1] - turn.span[0])
+                own_T = [a if m else 0.0 for a, m in zip(by_pos, mask[:end], strict=True)]
+                token_advs = [0.0] * pad + own_T
             samples.append(
                 Sample(
                     trajectory_id=t.trajectory_id,
                     segment=k,
                     tokens=ledger.prompt_ids + ledger.response_ids[:end],
-                    loss_mask=[0] * pad + ledger.loss_mask[:end],
-                    sampler_logprobs=[0.0] * pad + ledger.logprobs[:end],
+                    loss_mask=[0] * pad + mask[:end],
+                    sampler_logprobs=[0.0] * pad + logprobs[:end],
                     advantage=advantages[t.trajectory_id],
+                    token_advantages=token_advs,
                 )
             )
     return samples

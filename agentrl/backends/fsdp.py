@@ -141,7 +141,7 @@ class FSDPBackend:
         self, batch: list[Sample], loss: LossConfig, total_tokens: float, total_seqs: float
     ) -> dict[str, float]:
         """Forward and backward one micro-batch; returns weighted sums of its metrics."""
-        ids_B_T, attn_B_T, mask_B_T, old_B_T, adv_B = self._collate(batch)
+        ids_B_T, attn_B_T, mask_B_T, old_B_T, adv_B_T = self._collate(batch)
         temperature = self.config.temperature
         ref_B_T = None
         if self.config.reference_model:  # before the policy pass, whose graph goes to backward
@@ -152,7 +152,7 @@ class FSDPBackend:
         value, metrics = policy_loss(
             lp_B_T,
             old_B_T,
-            adv_B,
+            adv_B_T,
             mask_B_T,
             loss,
             total_tokens=total_tokens,
@@ -312,7 +312,8 @@ class FSDPBackend:
     def _collate(
         self, batch: list[Sample]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-pad a micro-batch: ids, attention mask, loss mask, sampler logprobs, advantages."""
+        """Right-pad a micro-batch: ids, attention mask, loss mask, sampler logprobs, and
+        advantages (per sequence, or per token when a sample's turns carry their own)."""
         width = max(len(s.tokens) for s in batch)
         ids_B_T = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         attn_B_T = torch.zeros((len(batch), width), dtype=torch.long)
@@ -324,9 +325,14 @@ class FSDPBackend:
             attn_B_T[i, :n] = 1
             mask_B_T[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old_B_T[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
-        adv_B = torch.tensor([s.advantage for s in batch])
+        if all(s.token_advantages is None for s in batch):
+            adv = torch.tensor([s.advantage for s in batch])
+        else:
+            adv = torch.zeros((len(batch), width))
+            for i, s in enumerate(batch):
+                adv[i, : len(s.tokens)] = torch.tensor(s.advantages_T(), dtype=torch.float32)
         d = self.device
-        return ids_B_T.to(d), attn_B_T.to(d), mask_B_T.to(d), old_B_T.to(d), adv_B.to(d)
+        return ids_B_T.to(d), attn_B_T.to(d), mask_B_T.to(d), old_B_T.to(d), adv.to(d)
 
 
 def token_logprobs(

@@ -87,7 +87,8 @@ def to_datums(samples: Sequence[Sample], loss: LossConfig) -> list[tinker.Datum]
             inputs["weights"] = [m * scale for m in mask_T]
         else:
             inputs["logprobs"] = s.sampler_logprobs[1:]
-            inputs["advantages"] = [m * scale * s.advantage for m in mask_T]
+            adv_T = s.advantages_T()[1:]
+            inputs["advantages"] = [m * scale * a for m, a in zip(mask_T, adv_T, strict=True)]
         model_input = tinker.ModelInput.from_ints(s.tokens[:-1])
         datums.append(tinker.Datum(model_input=model_input, loss_fn_inputs=inputs))
     return datums
@@ -112,7 +113,10 @@ def fb_metrics(
                 f"the Tinker service returned {len(learner_T)} logprobs for sample "
                 f"{s.trajectory_id!r}, which has {len(s.tokens) - 1} targets"
             )
-        for lp, q, m in zip(learner_T, s.sampler_logprobs[1:], s.loss_mask[1:], strict=True):
+        adv_T = s.advantages_T()[1:]
+        for lp, q, m, a in zip(
+            learner_T, s.sampler_logprobs[1:], s.loss_mask[1:], adv_T, strict=True
+        ):
             if not m:
                 continue
             n += 1
@@ -120,8 +124,8 @@ def fb_metrics(
             ratio = math.exp(lp - q)
             ratio_sum += ratio
             if loss.type == "ppo" and lo is not None and hi is not None:
-                clip_high += s.advantage > 0 and ratio > hi
-                clip_low += s.advantage < 0 and ratio < lo
+                clip_high += a > 0 and ratio > hi
+                clip_low += a < 0 and ratio < lo
             capped += loss.type == "tis" and ratio > loss.tis_cap
     value = float(output.metrics.get("loss:sum", float("nan")))
     metrics = {

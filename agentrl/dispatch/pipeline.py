@@ -82,7 +82,8 @@ class PipelineDispatcher:
             def slot() -> AbstractAsyncContextManager[None]:
                 if cfg.slot_order == "fifo":
                     return slots.hold((0, 0))  # ties go in request order
-                return slots.hold((len(ep.turns), admitted[ep.trajectory_id]))
+                # turns since it began: a continuation's inherited ones are not its pace
+                return slots.hold((len(ep.turns) - ep.first_turn, admitted[ep.trajectory_id]))
 
             return run.gate(slot)
 

@@ -137,8 +137,9 @@ class Group:
     epoch: int
     prompt_id: str
     scheduled_step: int
-    size: int
+    size: int  # grows by its continuations when it is branched (`agentrl.train.branches`)
     trajectories: list[Trajectory] = field(default_factory=list)
+    branched: bool = False
 
     @property
     def complete(self) -> bool:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agentrl.dispatch.core import Feed, cancel_and_wait
 from agentrl.errors import ConfigError
 from agentrl.train.admission import Admission, Group, GroupBuffer, no_signal
+from agentrl.train.branches import collect_group
 from agentrl.train.data import epoch_order
 from agentrl.train.records import EpochEndRecord, TrainRecord, batch_metrics
 from agentrl.train.sampler import MeteredSampler
@@ -85,6 +86,7 @@ async def async_steps(
     feed = Feed()
     groups: dict[str, Group] = {}  # trajectory id -> its group, until it comes back
     timeline = _Timeline(run.out / "admission.jsonl", buf)
+    branches = run.branches(meter)
 
     async def produce() -> None:
         while True:
@@ -98,7 +100,12 @@ async def async_steps(
                 data.next_group += 1
                 # first_sample: unique trajectory ids across the run
                 episodes = run.make_episodes(
-                    [prompt], n, meter, first_sample=group.index * n, scheduled_step=scheduled
+                    [prompt],
+                    n,
+                    meter,
+                    first_sample=group.index * n,
+                    scheduled_step=scheduled,
+                    branched=branches is not None,
                 )
                 for ep in episodes:
                     groups[ep.trajectory_id] = group
@@ -108,10 +115,12 @@ async def async_steps(
     async def collect() -> None:
         async with aclosing(run.config.dispatcher.build().run(feed)) as stream:
             async for traj in stream:
-                group = groups.pop(traj.trajectory_id)
-                group.trajectories.append(traj)
-                if not group.complete:
+                if (group := collect_group(traj, groups, feed, branches)) is None:
                     continue
+                if branches is not None:
+                    group.trajectories = await branches.reclaim(group.trajectories)
+                # With branches, a spread among the continuations is a signal too (a state
+                # worth more or less than the group's mean), so they count here.
                 keep = not (
                     sched.filter_zero_variance
                     and no_signal(group.trajectories, sched.filter_tolerance)
@@ -154,10 +163,11 @@ async def async_steps(
             for t in trajs:
                 run.keep(t)
             version = run.sampler.policy_version  # the learner's weights, last published
-            scores = batch_metrics(trajs).model_dump()
+            fresh = [t for t in trajs if t.branch_of is None]
+            scores = batch_metrics(fresh).model_dump()
             tokens_by_age = _histogram(
                 version - v
-                for t in trajs
+                for t in fresh
                 for v, m in zip(t.token_versions, t.loss_mask, strict=True)
                 if m
             )

@@ -157,6 +157,28 @@ class TrainRecord(BatchMetrics):
     tokens_by_age: dict[str, int] | None = Field(
         default=None, description="sampled tokens by (last published - sampling) version"
     )
+    branch_episodes: int | None = Field(
+        default=None, description="branch credit: continuations run for this step's values"
+    )
+    branch_infra_failures: int | None = None
+    branch_sampled_tokens: int | None = Field(
+        default=None, description="tokens the continuations sampled after their branch point"
+    )
+    branch_states: int | None = Field(default=None, description="states given a value")
+    branch_restore_p50_s: float | None = None
+    branch_restore_p95_s: float | None = None
+    branch_values: dict[str, dict[str, float]] | None = Field(
+        default=None, description="per turn t: mean and sd over states of V(s_t), and states"
+    )
+    turn_adv_pos_frac: float | None = Field(
+        default=None, description="share of the episodes' turns with a positive advantage"
+    )
+    turn_adv_neg_frac: float | None = None
+    failed_first_turn_credited: float | None = Field(
+        default=None,
+        description="share of episodes without full reward whose first turn "
+        "got a positive advantage",
+    )
     submitted: int | None = None
     accepted: int | None = None
     filtered: int | None = None

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentrl.agent import Episode
-from agentrl.algorithms import compute_advantages, group_stats
+from agentrl.algorithms import branch_credit, compute_advantages, group_stats
 from agentrl.backends.base import samples_from
+from agentrl.dispatch.core import Feed
 from agentrl.runner import stream_episodes
+from agentrl.train.admission import Group
+from agentrl.train.branches import Branches, branch_metrics, collect_group
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -69,6 +72,11 @@ class TrainRun:
     run_id: str  # names its sandboxes (and `agentrl gc` finds them by it)
     stored: int = 0  # trajectories written (a checkpoint records it)
 
+    def branches(self, sampler: Sampler) -> Branches | None:
+        """The planner of continuations when the estimator is branch (else None)."""
+        cfg = self.config.algorithm.advantage.branch
+        return None if cfg is None else Branches(self, cfg, sampler)
+
     def make_episodes(
         self,
         prompts: Sequence[Prompt],
@@ -77,10 +85,14 @@ class TrainRun:
         *,
         first_sample: int = 0,
         scheduled_step: int = 0,
+        branched: bool = False,
     ) -> list[Episode]:
         """`samples` episodes of each prompt (a group), numbered from `first_sample`: a
         trajectory id is `<instance>_<sample>`, so numbering from the step's or the group's
-        offset keeps ids unique across the run."""
+        offset keeps ids unique across the run. `branched`: training episodes the branch
+        estimator will branch from (they commit what it needs and hold their snapshots)."""
+        branch = self.config.algorithm.advantage.branch
+        branching = branch.snapshot_every() if branched and branch is not None else 0
         return [
             Episode(
                 self.tasks[p.task],
@@ -91,13 +103,17 @@ class TrainRun:
                 self.envs[p.task],
                 scheduled_step=scheduled_step,
                 snapshots=self.config.snapshots,
+                branching=branching,
             )
             for p in prompts
             for k in range(samples)
         ]
 
     async def rollout(
-        self, episodes: list[Episode], what: str, keep: Callable[[Trajectory], None] | None = None
+        self,
+        episodes: list[Episode] | Feed,
+        what: str,
+        keep: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Every episode through a fresh dispatcher, each handed to `keep` as it finishes;
         returns them in that order."""
@@ -111,6 +127,33 @@ class TrainRun:
         await stream_episodes(episodes, self.config.dispatcher, kept, self.progress, what)
         return out
 
+    async def rollout_groups(
+        self, episodes: list[Episode], n: int, what: str, branches: Branches | None
+    ) -> list[Trajectory]:
+        """Every `n` consecutive episodes are a group; with `branches`, each group's
+        continuations join the same dispatcher run once its episodes are back, and its
+        snapshots are reclaimed after. Returns the groups' trajectories, group by group."""
+        if not episodes:
+            return []
+        feed, groups, done = Feed(), {}, []
+        starts = range(0, len(episodes), n)
+        for g in starts:
+            first = episodes[g]
+            group = Group(g // n, 0, first.instance.id, first.scheduled_step, n)
+            for ep in episodes[g : g + n]:
+                groups[ep.trajectory_id] = group
+                feed.put(ep)
+
+        def returned(traj: Trajectory) -> None:
+            if (group := collect_group(traj, groups, feed, branches)) is not None:
+                done.append(group)
+                if len(done) == len(starts):
+                    feed.close()
+
+        await self.rollout(feed, what, returned)
+        trajs = [t for group in done for t in group.trajectories]
+        return trajs if branches is None else await branches.reclaim(trajs)
+
     def keep(self, trajectory: Trajectory) -> None:
         """Append to trajectories.jsonl."""
         self.store.append(trajectory)
@@ -120,17 +163,24 @@ class TrainRun:
         """Advantages, one optimizer step over `trajs` and the publication, on the learner
         thread; returns the step's fields of its TrainRecord."""
         cfg, backend, sampler = self.config, self.backend, self.sampler
-        advantages = compute_advantages(trajs, cfg.algorithm.advantage)
-        trained = [t for t in trajs if cfg.algorithm.trains_on(t)]
-        samples = samples_from(trained, advantages)
-        row: dict[str, Any] = {
-            "zero_variance_groups": group_stats(trajs).zero_variance_groups,
-            "overlong_masked": len(trajs) - len(trained),
-            "samples": len(samples),
-        }
+        adv = cfg.algorithm.advantage
+        fresh = [t for t in trajs if t.branch_of is None]
+        row: dict[str, Any] = {"zero_variance_groups": group_stats(trajs).zero_variance_groups}
+        if adv.branch is None:
+            advantages, per_turn = compute_advantages(trajs, adv), None
+            learned_from = fresh
+        else:  # continuations estimate values; trained on only when asked
+            credit = branch_credit(trajs, adv)
+            advantages, per_turn = credit.outcome, credit.per_turn
+            learned_from = trajs if adv.branch.train else fresh
+            row.update(branch_metrics(trajs, credit))
+        trained = [t for t in learned_from if cfg.algorithm.trains_on(t)]
+        samples = samples_from(trained, advantages, per_turn)
+        row["overlong_masked"] = len(learned_from) - len(trained)
+        row["samples"] = len(samples)
         supervised = cfg.algorithm.loss.type == "cross_entropy"  # advantages unused
         t1 = time.monotonic()
-        if samples and (supervised or any(s.advantage != 0.0 for s in samples)):
+        if samples and (supervised or any(s.has_signal for s in samples)):
             row.update(await self.learner.call(backend.train_step, samples, cfg.algorithm.loss))
             t2 = time.monotonic()
             row["policy_version"] = await self.learner.call(backend.publish, sampler)

@@ -1,7 +1,9 @@
 """The sync schedule. Each step: the next `prompts_per_step` training prompts (in the
 seeded data order), `n_samples_per_prompt` episodes each through the dispatcher with
 version v, advantages per group, one optimizer step over the batch, and the new
-weights published to the sampler (version v + 1)."""
+weights published to the sampler (version v + 1). With branch credit, a group's
+continuations join the same dispatcher run as soon as its episodes are back (sampled
+with version v too), and the step trains once every group's are back."""
 
 from __future__ import annotations
 
@@ -24,17 +26,25 @@ async def sync_steps(
     sched = run.config.schedule
     B, n = sched.prompts_per_step, sched.n_samples_per_prompt
     meter = MeteredSampler(run.sampler)
+    branches = run.branches(meter)
     for step in range(start, sched.steps):
         prompts = [run.train[i] for i in data_order(len(run.train), run.config.seed, step * B, B)]
         # first_sample: unique trajectory ids across the run
-        episodes = run.make_episodes(prompts, n, meter, first_sample=step * n, scheduled_step=step)
+        episodes = run.make_episodes(
+            prompts,
+            n,
+            meter,
+            first_sample=step * n,
+            scheduled_step=step,
+            branched=branches is not None,
+        )
         t0, idle = time.monotonic(), meter.idle_s()
-        trajs = await run.rollout(episodes, f"step {step + 1} rollout")
+        trajs = await run.rollout_groups(episodes, n, f"step {step + 1} rollout", branches)
         t1 = time.monotonic()
         trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
         for t in trajs:
             run.keep(t)
-        scores = batch_metrics(trajs).model_dump()
+        scores = batch_metrics([t for t in trajs if t.branch_of is None]).model_dump()
         learned = await run.learn(trajs)
         wall = max(time.monotonic() - t0, 1e-9)
         record = TrainRecord(

@@ -105,7 +105,7 @@ async def async_steps(
                     meter,
                     first_sample=group.index * n,
                     scheduled_step=scheduled,
-                    branched=branches is not None,
+                    branches=branches,
                 )
                 for ep in episodes:
                     groups[ep.trajectory_id] = group
@@ -205,6 +205,8 @@ async def async_steps(
     finally:
         feed.close()
         await cancel_and_wait(workers)
+        if branches is not None:  # groups in flight at the end: their snapshots go too
+            await branches.close()
         timeline.flush()
 
 

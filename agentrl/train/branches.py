@@ -69,6 +69,11 @@ class Branches:
     def __init__(self, run: TrainRun, cfg: BranchConfig, sampler: Sampler) -> None:
         self.run, self.cfg, self.sampler = run, cfg, sampler
         self.task_index = {task.spec.name: i for i, task in enumerate(run.tasks)}
+        self.held: dict[str, Episode] = {}  # episodes whose snapshots are not reclaimed yet
+
+    def hold(self, episodes: Sequence[Episode]) -> None:
+        """Episodes that hold their snapshots for branching, until `reclaim` (or `close`)."""
+        self.held.update((ep.trajectory_id, ep) for ep in episodes)
 
     def plan(self, group: Sequence[Trajectory]) -> list[Episode]:
         """`k` continuations of every branched state of the group's episodes."""
@@ -107,6 +112,7 @@ class Branches:
         for t in trajs:
             if t.branch_of is not None:
                 continue
+            self.held.pop(t.trajectory_id, None)
             i = self.task_index[t.task]
             policy = self.run.config.snapshots or self.run.tasks[i].spec.snapshots
             mine = Snapshots(policy).reclaimable(f"{self.run.run_id}/{t.trajectory_id}", t)
@@ -115,6 +121,14 @@ class Branches:
         # A failed removal leaves an image `agentrl gc --snapshots` reclaims.
         await asyncio.gather(*remove, return_exceptions=True)
         return [without_snapshots(t, gone) for t in trajs]
+
+    async def close(self) -> None:
+        """Remove every snapshot of the held episodes never reclaimed: a run that ends
+        (or is stopped) with groups in flight leaves none behind."""
+        held, self.held = list(self.held.values()), {}
+        for ep in held:
+            await ep.close()  # idempotent; settles a commit in flight
+            await ep.snapshots.remove(ep.env.remove_snapshot)
 
 
 def collect_group(

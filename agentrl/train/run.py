@@ -85,15 +85,15 @@ class TrainRun:
         *,
         first_sample: int = 0,
         scheduled_step: int = 0,
-        branched: bool = False,
+        branches: Branches | None = None,
     ) -> list[Episode]:
         """`samples` episodes of each prompt (a group), numbered from `first_sample`: a
         trajectory id is `<instance>_<sample>`, so numbering from the step's or the group's
-        offset keeps ids unique across the run. `branched`: training episodes the branch
-        estimator will branch from (they commit what it needs and hold their snapshots)."""
-        branch = self.config.algorithm.advantage.branch
-        branching = branch.snapshot_every() if branched and branch is not None else 0
-        return [
+        offset keeps ids unique across the run. With `branches`, training episodes the
+        branch estimator will branch from: they commit what it needs and hold their
+        snapshots until it reclaims them."""
+        branching = branches.cfg.snapshot_every() if branches is not None else 0
+        episodes = [
             Episode(
                 self.tasks[p.task],
                 p.instance,
@@ -108,6 +108,9 @@ class TrainRun:
             for p in prompts
             for k in range(samples)
         ]
+        if branches is not None:
+            branches.hold(episodes)
+        return episodes
 
     async def rollout(
         self,
@@ -150,7 +153,12 @@ class TrainRun:
                 if len(done) == len(starts):
                     feed.close()
 
-        await self.rollout(feed, what, returned)
+        try:
+            await self.rollout(feed, what, returned)
+        except BaseException:
+            if branches is not None:  # stopped mid-rollout: no snapshot may stay held
+                await asyncio.shield(branches.close())
+            raise
         trajs = [t for group in done for t in group.trajectories]
         return trajs if branches is None else await branches.reclaim(trajs)
 

@@ -36,7 +36,7 @@ async def sync_steps(
             meter,
             first_sample=step * n,
             scheduled_step=step,
-            branched=branches is not None,
+            branches=branches,
         )
         t0, idle = time.monotonic(), meter.idle_s()
         trajs = await run.rollout_groups(episodes, n, f"step {step + 1} rollout", branches)

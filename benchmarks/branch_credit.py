@@ -10,12 +10,15 @@ instances after every step (`eval.every: 1`, 2 episodes each: 36 per point):
   the states before its turns 1 and 2 are restored from their snapshots and continued
   `k: 2` times; per-turn advantages are differences of the values those continuations
   estimate. The continuations are not trained on.
+- branch-train: the same, and the continuations are trained on too (their own turns,
+  against the value of the state they started from), so their tokens are not only spent.
 
 The x-axis is sampled tokens: the training episodes' own plus, for the branch arm, the
 tokens the continuations sampled after their branch point (`branch_sampled_tokens`).
 For each seed and threshold (held-out reward 0.8 and 0.9) it finds the tokens needed to
 first reach it (linear between evaluated steps) and reports branch / outcome per seed
-and their geometric mean; the same at equal training wall time (rollout, branches and
+and their geometric mean (each branch arm against outcome); the same at equal training
+wall time (rollout, branches and
 optimizer steps; evaluations excluded). Results go to benchmarks/results/branch_credit.json
 and a plot beside it (held-out reward against tokens and against wall time, mean and
 95% interval over seeds). Arms run one after another; `--arms` runs some and merges
@@ -53,7 +56,17 @@ ARMS: dict[str, dict[str, Any]] = {
             }
         },
     },
+    "branch-train": {
+        "schedule": {"steps": 3},
+        "algorithm": {
+            "advantage": {
+                "estimator": "branch",
+                "branch": {"k": 2, "select": "every", "every": 1, "train": True},
+            }
+        },
+    },
 }
+COLORS = {"outcome": "tab:gray", "branch": "tab:blue", "branch-train": "tab:orange"}
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +123,8 @@ def train(arm: str, seed: int, runs: Path) -> dict[str, Any]:
                 "episodes": e["episodes"],
             }
         )
-    branch_keys = [k for k in steps[0] if k.startswith("branch_")]
+    prefixes = ("branch_", "turn_adv_", "failed_first_turn")
+    branch_keys = [k for k in steps[0] if k.startswith(prefixes)]
     return {
         "arm": arm,
         "seed": seed,
@@ -135,25 +149,26 @@ def first_reach(curve: list[dict[str, Any]], x: str, level: float) -> float | No
 
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """branch / outcome of tokens (and wall) to reach each threshold, per seed."""
+    """arm / outcome of tokens (and wall) to first reach each threshold, per seed."""
     by = {(r["arm"], r["seed"]): r for r in runs}
-    seeds = sorted({s for a, s in by if a == "branch"} & {s for a, s in by if a == "outcome"})
     out: dict[str, Any] = {}
-    for x in ("tokens", "wall_s"):
-        for level in THRESHOLDS:
-            rows = []
-            for s in seeds:
-                b = first_reach(by["branch", s]["curve"], x, level)
-                o = first_reach(by["outcome", s]["curve"], x, level)
-                ratio = round(b / o, 3) if b and o else None
-                rows.append({"seed": s, "branch": b, "outcome": o, "ratio": ratio})
-            ratios = [r["ratio"] for r in rows if r["ratio"]]
-            geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
-            out[f"{x}_to_{level}"] = {
-                "per_seed": rows,
-                "geomean_ratio": round(geo, 3) if geo else None,
-                "range": [min(ratios), max(ratios)] if ratios else None,
-            }
+    for arm in [a for a in ARMS if a != "outcome"]:
+        seeds = sorted({s for a, s in by if a == arm} & {s for a, s in by if a == "outcome"})
+        for x in ("tokens", "wall_s"):
+            for level in THRESHOLDS:
+                rows = []
+                for s in seeds:
+                    b = first_reach(by[arm, s]["curve"], x, level)
+                    o = first_reach(by["outcome", s]["curve"], x, level)
+                    ratio = round(b / o, 3) if b and o else None
+                    rows.append({"seed": s, arm: b, "outcome": o, "ratio": ratio})
+                ratios = [r["ratio"] for r in rows if r["ratio"]]
+                geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+                out[f"{arm}/outcome {x} to {level}"] = {
+                    "per_seed": rows,
+                    "geomean_ratio": round(geo, 3) if geo else None,
+                    "range": [min(ratios), max(ratios)] if ratios else None,
+                }
     return out
 
 
@@ -180,7 +195,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     panels = ((axes[0], "tokens", "sampled tokens"), (axes[1], "wall_s", "train wall s"))
     for ax, x, label in panels:
-        for arm, color in (("outcome", "tab:gray"), ("branch", "tab:blue")):
+        for arm, color in COLORS.items():
             runs = [r for r in report["runs"] if r["arm"] == arm]
             if not runs:
                 continue
@@ -194,7 +209,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("held-out reward")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
-    fig.suptitle("look-then-act: outcome GRPO vs branch credit (k=2, turns 1 and 2)")
+    fig.suptitle("look-then-act: outcome GRPO vs branch credit (k=2, before turns 1 and 2)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

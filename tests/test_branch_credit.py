@@ -30,9 +30,11 @@ from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.runner import make_env, progress_bars
 from agentrl.sandbox.local import LocalProvider, snapshots_dir
+from agentrl.tasks.env import EpisodeEnv
 from agentrl.tasks.load import load_task
 from agentrl.train import Trainer
 from agentrl.train.branches import branch_sampled_tokens, branch_turns
+from agentrl.train.data import Prompt
 from agentrl.train.run import TrainRun
 from agentrl.train_config import (
     AlgorithmConfig,
@@ -218,7 +220,11 @@ def reply(session: str) -> Script:
 
 
 def train_run(
-    out: Path, branch: BranchConfig, *, snapshots: dict[str, Any] | None = None
+    out: Path,
+    branch: BranchConfig,
+    *,
+    snapshots: dict[str, Any] | None = None,
+    env: EpisodeEnv | None = None,
 ) -> TrainRun:
     """What a training run has for rollouts (no learner: these tests train nothing)."""
     config = TrainConfig(
@@ -242,7 +248,7 @@ def train_run(
         backend=none,
         sampler=none,
         tokenizer=tokenizer(),
-        envs=[make_env(task, LocalProvider(), "branch-test")],
+        envs=[env or make_env(task, LocalProvider(), "branch-test")],
         metrics=none,
         store=none,
         progress=progress_bars(False),
@@ -250,14 +256,17 @@ def train_run(
     )
 
 
-def rollout(run: TrainRun, instances: int, samples: int) -> list[Trajectory]:
-    from agentrl.train.data import Prompt
-
+async def branched_rollout(run: TrainRun, instances: int, samples: int) -> list[Trajectory]:
+    """`samples` episodes of each of the first `instances`, branched as `run` says."""
     sampler = SimulatedSampler(reply, tokenizer(), LatencyModel(base_s=0.0005))
     branches = run.branches(sampler)
     prompts = [Prompt(task=0, instance=inst) for inst in run.tasks[0].instances[:instances]]
     episodes = run.make_episodes(prompts, samples, sampler, branches=branches)
-    return asyncio.run(run.rollout_groups(episodes, samples, "rollout", branches))
+    return await run.rollout_groups(episodes, samples, "rollout", branches)
+
+
+def rollout(run: TrainRun, instances: int, samples: int) -> list[Trajectory]:
+    return asyncio.run(branched_rollout(run, instances, samples))
 
 
 def snapshot_dirs() -> set[str]:

@@ -208,6 +208,57 @@ def test_episodes_on_two_worker_nodes_are_the_single_process_trajectories(
 
 
 @driver
+def test_branch_credit_restores_each_state_on_the_node_holding_its_snapshot(
+    connected: local.ClusterState, tmp_path: Path, run_id: str
+) -> None:
+    """Episodes on two nodes, each branched before turns 1 and 2: every continuation runs
+    where its parent's snapshot is, no node goes over its capacity, and every snapshot
+    is reclaimed on its node."""
+    from test_branch_credit import TASK, BranchConfig, branched_rollout, train_run
+
+    task = load_task(TASK)
+    peak: Counter[str] = Counter()
+
+    async def body(env: EpisodeEnv, fleet: Any) -> list[Trajectory]:
+        async def watch() -> None:
+            while True:
+                for w in fleet.alive():
+                    peak[w.node] = max(peak[w.node], w.live)
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            run = train_run(tmp_path, BranchConfig(k=2), env=env)
+            return await branched_rollout(run, instances=4, samples=2)
+        finally:
+            watcher.cancel()
+
+    trajs = on_cluster(task, run_id, body)
+    fresh = {t.trajectory_id: t for t in trajs if t.branch_of is None}
+    conts = [t for t in trajs if t.branch_of is not None]
+    assert len(fresh) == 8 and len(conts) == 8 * 2 * 2
+    assert all(t.trainable for t in trajs), [t.error for t in trajs if not t.trainable]
+    for c in conts:
+        assert c.branch_of is not None
+        assert c.env.node == fresh[c.branch_of.trajectory_id].env.node
+    assert len({t.env.node for t in fresh.values()}) == 2  # both nodes hosted episodes
+    assert max(peak.values()) <= SANDBOXES_PER_NODE
+    assert _snapshot_images(run_id) == []
+
+
+def _snapshot_images(run_id: str) -> list[str]:
+    from agentrl.sandbox.docker.engine import SNAPSHOT_OF
+    from agentrl.sandbox.images import docker_client
+
+    client = docker_client()
+    try:
+        images = client.api.images(filters={"label": f"{SNAPSHOT_OF}={run_id}"})
+    finally:
+        client.close()
+    return [i["Id"] for i in images]
+
+
+@driver
 def test_a_nodes_sandbox_resource_is_a_hard_limit(
     connected: local.ClusterState, probe: Task, tokenizer: Any, run_id: str
 ) -> None:

@@ -64,6 +64,17 @@ def test_a_sample_becomes_a_datum_token_for_token_with_observations_zeroed() -> 
     assert set(inputs) == {"target_tokens", "logprobs", "advantages"}
 
 
+def test_turn_level_advantages_reach_each_token_of_the_datum() -> None:
+    """Branch credit gives a sample's turns their own advantages: each sampled token's
+    datum advantage is its own, scaled as the aggregation says."""
+    (s,) = _samples()[:1]
+    s = s.model_copy(update={"token_advantages": [0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 2.0]})
+    (d,) = to_datums([Sample.model_validate(s.model_dump())], LossConfig(type="ppo"))
+    assert d.loss_fn_inputs["advantages"].tolist() == pytest.approx(
+        [0, 0, 0.5 / 3, 0.5 / 3, 0, 2.0 / 3]  # token-mean over its 3 sampled tokens
+    )
+
+
 def test_cross_entropy_carries_the_aggregation_in_its_weights() -> None:
     (a, b) = to_datums(_samples(), LossConfig(type="cross_entropy"))
     assert set(a.loss_fn_inputs) == {"target_tokens", "weights"}

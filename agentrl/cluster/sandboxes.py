@@ -135,9 +135,10 @@ class SandboxFleet:
                 self.workers[worker.node_id] = worker
             self._refreshed = time.monotonic()
 
-    async def acquire(self) -> _Worker:
-        """A sandbox slot on the alive worker with the most room (live / capacity lowest);
-        waits while every node is full: a node's `sandbox` amount is a hard limit."""
+    async def acquire(self, on: _Worker | None = None) -> _Worker:
+        """A sandbox slot on the alive worker with the most room (live / capacity lowest),
+        or on `on` only (a restore goes where its snapshot is); waits while they are
+        full: a node's `sandbox` amount is a hard limit."""
         while True:
             if time.monotonic() - self._refreshed > self.refresh_s:
                 await self.refresh()
@@ -147,7 +148,9 @@ class SandboxFleet:
                 alive = self.alive()
             if not alive:
                 raise SandboxLost("no sandbox node of the Ray cluster is alive")
-            room = [w for w in alive if w.live < w.capacity]
+            if on is not None and on.dead:
+                raise SandboxLost(f"node {on.node} is gone, and the snapshots it held")
+            room = [w for w in ([on] if on is not None else alive) if w.live < w.capacity]
             if room:
                 worker = min(room, key=lambda w: (w.live / w.capacity, w.live))
                 worker.live += 1
@@ -292,12 +295,9 @@ class RemoteTaskEnv:
         return await self._held(worker, "init", self.task, instance, name)
 
     async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
-        """On the node that holds the snapshot (beyond its capacity if need be)."""
-        worker = self.fleet.snapshots.get(snapshot_id)
-        if worker is None:
-            worker = await self.fleet.acquire()
-        else:
-            worker.live += 1
+        """On the node that holds the snapshot, once it has room (branch credit restores
+        many at once: a node's capacity holds for them too)."""
+        worker = await self.fleet.acquire(on=self.fleet.snapshots.get(snapshot_id))
         return await self._held(worker, "restore", self.task, instance, snapshot_id, name)
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:

@@ -322,7 +322,12 @@ def test_check_task_never_raises_on_mangled_files(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "config", ["examples/train/shell-basics.yaml", "examples/train/shell-basics-tinker.yaml"]
+    "config",
+    [
+        "examples/train/shell-basics.yaml",
+        "examples/train/shell-basics-tinker.yaml",
+        "examples/train/look-then-act-branch.yaml",
+    ],
 )
 def test_validating_a_train_config_imports_no_torch_transformers_tinker_or_ray(config):
     """Configs live apart from what they configure: `agentrl validate` of a train config

@@ -45,26 +45,20 @@ CONFIG = ROOT / "examples" / "train" / "look-then-act.yaml"
 RESULTS = Path(__file__).parent / "results"
 THRESHOLDS = (0.8, 0.9)
 COMMON: dict[str, Any] = {"eval": {"every": 1, "samples": 2}, "checkpoint": {"every": 0}}
+
+
+def branch_arm(train: bool) -> dict[str, Any]:
+    branch = {"k": 2, "select": "every", "every": 1, "train": train}
+    return {
+        "schedule": {"steps": 3},
+        "algorithm": {"advantage": {"estimator": "branch", "branch": branch}},
+    }
+
+
 ARMS: dict[str, dict[str, Any]] = {
     "outcome": {"schedule": {"steps": 4}},
-    "branch": {
-        "schedule": {"steps": 3},
-        "algorithm": {
-            "advantage": {
-                "estimator": "branch",
-                "branch": {"k": 2, "select": "every", "every": 1, "train": False},
-            }
-        },
-    },
-    "branch-train": {
-        "schedule": {"steps": 3},
-        "algorithm": {
-            "advantage": {
-                "estimator": "branch",
-                "branch": {"k": 2, "select": "every", "every": 1, "train": True},
-            }
-        },
-    },
+    "branch": branch_arm(train=False),
+    "branch-train": branch_arm(train=True),
 }
 COLORS = {"outcome": "tab:gray", "branch": "tab:blue", "branch-train": "tab:orange"}
 

@@ -103,7 +103,8 @@ class TrainRun:
                 self.envs[p.task],
                 scheduled_step=scheduled_step,
                 snapshots=self.config.snapshots,
-                branching=branching,
+                # an external harness's episode is never branched (agentrl did not act)
+                branching=branching if self.tasks[p.task].spec.agent is None else 0,
             )
             for p in prompts
             for k in range(samples)

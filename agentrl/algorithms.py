@@ -161,10 +161,12 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
     group starts from the same state) and the state after the last turn is worth the
     episode's reward r. With the branched turns b_1 < ... < b_m, a turn u in
     [b_j, b_j+1) gets A_u = (V(s_b_j+1) - V(s_b_j)) / sigma, sigma the group's reward
-    std + eps (GRPO's scale; the batch's when the group's rewards are all equal; 1 without
-    `normalize_std`). The differences telescope: with every turn branched they sum to
-    (r - mean) / sigma, GRPO's advantage, which an episode without a branched state gets
-    on every turn. A state's value never includes the episode's own reward (which depends
+    std + eps (GRPO's scale; 1 when the group's rewards are all equal, or without
+    `normalize_std`: such a group has no spread to normalize by, and a batch-wide std,
+    which shrinks as the policy converges, would amplify the continuations' Monte-Carlo
+    noise most where there is least to learn). The differences telescope: with every
+    turn branched they sum to (r - mean) / sigma, GRPO's advantage, which an episode
+    without a branched state gets on every turn. A state's value never includes the episode's own reward (which depends
     on the turn it baselines). Continuations enter no group statistic; with `branch.train`
     each gets (R - V(s_t)) / sigma on its own turns, RLOO-like at the restored state.
     """
@@ -173,14 +175,13 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
     fresh = [t for t in trajectories if t.branch_of is None]
     outcome = compute_advantages(trajectories, config)
     groups = _rewards_by_group(fresh)
-    pooled = _std([r for g in groups.values() for r in g.values()])
     scale: dict[str, float] = {}
     mean: dict[str, float] = {}
     for gid, group in groups.items():
         rewards = list(group.values())
         mean[gid] = math.fsum(rewards) / len(rewards)
-        spread = _std(rewards) if min(rewards) != max(rewards) else pooled
-        scale[gid] = spread + config.eps if config.normalize_std and spread > 0 else 1.0
+        spread = _std(rewards) if config.normalize_std else 0.0
+        scale[gid] = spread + config.eps if spread > 0 else 1.0
     returns: dict[tuple[str, int], list[float]] = defaultdict(list)
     for c in trajectories:
         if c.branch_of is not None and c.trainable and c.reward is not None:

@@ -132,14 +132,28 @@ def test_a_states_value_never_includes_the_episodes_own_reward() -> None:
 
 def test_a_group_with_equal_rewards_still_learns_from_its_branches() -> None:
     """All four failed, but the state after a's first turn wins half the time: its first
-    turn is credited and the rest blamed; GRPO would give every token 0."""
+    turn is credited and the rest blamed; GRPO would give every token 0. With no spread to
+    normalize by, the credit is the raw value difference (no batch std amplifies it)."""
     group = [built(x, 0.0, 3) for x in "abcd"]
     conts = [continuation("a", 1, k, r) for k, r in enumerate([1.0, 0.0])]
     credit = branch_credit([*group, *conts], BRANCH)
     assert all(v == 0.0 for v in compute_advantages(group, GRPO).values())
     first, second, third = credit.per_turn["a"]
-    assert first > 0 and second == third == -first
+    assert first == 0.5 and second == third == -first
+    others = [built(x, r, 3, group="h") for x, r in (("e", 1.0), ("f", 0.0))]  # spread elsewhere
+    assert branch_credit([*group, *conts, *others], BRANCH).per_turn["a"] == [0.5, -0.5, -0.5]
     assert credit.per_turn["b"] == [0.0] * 3
+
+
+def test_each_turns_tokens_carry_that_turns_advantage() -> None:
+    t = built("a", 1.0, 3)
+    (s,) = samples_from([t], {"a": 9.0}, {"a": [0.1, -0.2, 0.3]})
+    for u, a in zip(t.turns, [0.1, -0.2, 0.3], strict=True):
+        start, end = 3 + u.span[0], 3 + u.span[1]  # after the 3 prompt tokens
+        assert s.advantages_T()[start:end] == [a] * (end - start)
+    assert [a for a, m in zip(s.advantages_T(), s.loss_mask, strict=True) if not m] == [0.0] * (
+        len(s.tokens) - s.num_sampled
+    )
 
 
 def test_continuations_train_on_their_own_turns_only_when_asked() -> None:

@@ -393,7 +393,8 @@ class Episode:
         turns = self.turns
         if self.sandbox is None or not turns or turns[-1].snapshot_id is not None:
             return
-        if self.snapshots.due(len(turns)):
+        last = len(turns) >= self.task.spec.limits.max_turns
+        if self.snapshots.due(len(turns), last=last):
             self.snapshots.start(self.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
 
     async def evaluate(self, *, timeout: float | None = None) -> None:

@@ -166,9 +166,10 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
     which shrinks as the policy converges, would amplify the continuations' Monte-Carlo
     noise most where there is least to learn). The differences telescope: with every
     turn branched they sum to (r - mean) / sigma, GRPO's advantage, which an episode
-    without a branched state gets on every turn. A state's value never includes the episode's own reward (which depends
-    on the turn it baselines). Continuations enter no group statistic; with `branch.train`
-    each gets (R - V(s_t)) / sigma on its own turns, RLOO-like at the restored state.
+    without a branched state gets on every turn. A state's value never includes the
+    episode's own reward (which depends on the turn it baselines). Continuations enter no
+    group statistic; with `branch.train` each gets (R - V(s_t)) / sigma on its own turns,
+    RLOO-like at the restored state.
     """
     cfg = config.branch
     train = cfg is not None and cfg.train

@@ -36,11 +36,12 @@ class Snapshots:
         self._pending: tuple[Turn | EnvInfo, asyncio.Future[str]] | None = None
         self.made: list[str] = []
 
-    def due(self, turns_done: int) -> bool:
-        """Whether the turn that makes `turns_done` turns is committed (0: the INIT state)."""
+    def due(self, turns_done: int, *, last: bool = False) -> bool:
+        """Whether the turn that makes `turns_done` turns is committed (0: the INIT state).
+        `last`: no turn can follow it, so no branch starts there (only replay wants it)."""
         every, k = self.policy.every, self.branching
         return (bool(every) and turns_done % every == 0) or (
-            bool(k) and turns_done > 0 and turns_done % k == 0
+            bool(k) and not last and turns_done > 0 and turns_done % k == 0
         )
 
     @property

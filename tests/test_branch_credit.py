@@ -201,6 +201,18 @@ def test_branch_options_belong_to_the_branch_estimator() -> None:
     assert AdvantageConfig(estimator="branch").branch == BranchConfig()
 
 
+def test_episodes_commit_what_branching_and_replay_need() -> None:
+    from agentrl.snapshots import Snapshots
+    from agentrl.tasks.spec import SnapshotPolicy
+
+    branching = Snapshots(SnapshotPolicy(every=0), branching=2)
+    assert [n for n in range(7) if branching.due(n)] == [2, 4, 6] and branching.held
+    assert not branching.due(4, last=True)  # no turn follows: nothing to branch from
+    both = Snapshots(SnapshotPolicy(every=3), branching=2)
+    assert [n for n in range(7) if both.due(n)] == [0, 2, 3, 4, 6]
+    assert both.due(3, last=True) and not Snapshots(SnapshotPolicy(every=3)).held
+
+
 def test_which_states_are_branched() -> None:
     t = built("a", 0.0, 4)
     for u in t.turns:

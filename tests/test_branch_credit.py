@@ -300,17 +300,17 @@ def snapshot_dirs() -> set[str]:
     return {p.name for p in root.iterdir()} if root.exists() else set()
 
 
-@pytest.mark.slow  # 288 episodes on the local provider: ~40 s on 2 cores
+@pytest.mark.slow  # 216 episodes on the local provider: ~45 s on 2 cores
 def test_branch_values_match_the_known_state_values_and_restore_the_state_before_the_turn(
     tmp_path: Path,
 ) -> None:
     before = snapshot_dirs()
     run = train_run(tmp_path, BranchConfig(k=4))
-    trajs = rollout(run, instances=8, samples=4)
+    trajs = rollout(run, instances=6, samples=4)
     fresh = [t for t in trajs if t.branch_of is None]
     conts = [t for t in trajs if t.branch_of is not None]
-    assert len(fresh) == 32 and all(t.trainable and len(t.turns) == 3 for t in fresh)
-    assert len(conts) == 32 * 2 * 4 and all(t.trainable for t in conts)
+    assert len(fresh) == 24 and all(t.trainable and len(t.turns) == 3 for t in fresh)
+    assert len(conts) == 24 * 2 * 4 and all(t.trainable for t in conts)
     parents = {t.trajectory_id: t for t in fresh}
 
     # (b) Every continuation started from the state before its turn t: its first listing
@@ -337,7 +337,7 @@ def test_branch_values_match_the_known_state_values_and_restore_the_state_before
         assert all(value == 0.0 for value, _ in dirty)
         n = sum(k for _, k in clean)
         mean = sum(v * k for v, k in clean) / n
-        assert n >= 30 and abs(mean - V[t]) <= 4 * math.sqrt(V[t] * (1 - V[t]) / n), (t, mean, n)
+        assert n >= 20 and abs(mean - V[t]) <= 4 * math.sqrt(V[t] * (1 - V[t]) / n), (t, mean, n)
 
     # (c) A continuation's sample trains only its own turns; its prefix is mask 0.
     cont = conts[0]

@@ -229,14 +229,14 @@ def test_branch_credit_restores_each_state_on_the_node_holding_its_snapshot(
         watcher = asyncio.create_task(watch())
         try:
             run = train_run(tmp_path, BranchConfig(k=2), env=env)
-            return await branched_rollout(run, instances=4, samples=2)
+            return await branched_rollout(run, instances=2, samples=2)
         finally:
             watcher.cancel()
 
     trajs = on_cluster(task, run_id, body)
     fresh = {t.trajectory_id: t for t in trajs if t.branch_of is None}
     conts = [t for t in trajs if t.branch_of is not None]
-    assert len(fresh) == 8 and len(conts) == 8 * 2 * 2
+    assert len(fresh) == 4 and len(conts) == 4 * 2 * 2
     assert all(t.trainable for t in trajs), [t.error for t in trajs if not t.trainable]
     for c in conts:
         assert c.branch_of is not None

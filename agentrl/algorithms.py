@@ -88,7 +88,7 @@ def _rewards_by_group(trajectories: Sequence[Trajectory]) -> dict[str, dict[str,
     return groups
 
 
-def _std(rewards: Sequence[float]) -> float:
+def sample_std(rewards: Sequence[float]) -> float:
     """The sample standard deviation (n - 1); 0.0 for fewer than two."""
     n = len(rewards)
     if n < 2:
@@ -106,7 +106,7 @@ def _centered(rewards: list[float], config: AdvantageConfig) -> list[float]:
     if config.estimator == "rloo":
         return [r - (total - r) / (n - 1) for r in rewards]
     if config.estimator in ("grpo", "branch") and config.normalize_std:
-        return [(r - mean) / (_std(rewards) + config.eps) for r in rewards]
+        return [(r - mean) / (sample_std(rewards) + config.eps) for r in rewards]
     return [r - mean for r in rewards]
 
 
@@ -181,7 +181,7 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
     for gid, group in groups.items():
         rewards = list(group.values())
         mean[gid] = math.fsum(rewards) / len(rewards)
-        spread = _std(rewards) if config.normalize_std else 0.0
+        spread = sample_std(rewards) if config.normalize_std else 0.0
         scale[gid] = spread + config.eps if spread > 0 else 1.0
     returns: dict[tuple[str, int], list[float]] = defaultdict(list)
     for c in trajectories:

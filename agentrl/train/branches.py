@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.agent import Episode
+from agentrl.algorithms import sample_std
 from agentrl.errors import ConfigError
 from agentrl.snapshots import Snapshots, without_snapshots
 
@@ -178,8 +179,7 @@ def branch_metrics(trajs: Sequence[Trajectory], credit: BranchCredit) -> dict[st
     values = {}
     for turn in sorted(by_turn):
         vs = by_turn[turn]
-        mean = math.fsum(vs) / len(vs)
-        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in vs) / (len(vs) - 1)) if len(vs) > 1 else 0
+        mean, sd = math.fsum(vs) / len(vs), sample_std(vs)
         values[str(turn)] = {"mean": round(mean, 4), "sd": round(sd, 4), "states": len(vs)}
     turn_advs = [a for t in fresh for a in credit.per_turn.get(t.trajectory_id, [])]
     failed = [t for t in fresh if (t.reward or 0.0) < 1.0 and credit.per_turn.get(t.trajectory_id)]

@@ -176,7 +176,9 @@ class Evaluation:
                 fix="pick another --out, or add --overwrite to start it again",
             ) from None
 
-    def start(self, run_id: str, provider: str, *, retry_infra: bool = False) -> None:
+    def start(
+        self, run_id: str, provider: str, *, model: str | None = None, retry_infra: bool = False
+    ) -> None:
         """Write eval.json and run.json, before any attempt is appended: with `overwrite`,
         remove what the folder recorded first; with `retry_infra`, drop the recorded
         infrastructure failures (they run again)."""
@@ -186,7 +188,8 @@ class Evaluation:
                 (self.out / name).unlink(missing_ok=True)
             shutil.rmtree(self.store.grades_dir, ignore_errors=True)
         write_atomic(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
-        write_run_info(self.out, RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths))
+        info = RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths, model=model)
+        write_run_info(self.out, info)
         if retry_infra:
             drop_infra(self.out / TRAJECTORIES)
             self.done = [o for o in self.done if o.graded]
@@ -222,14 +225,16 @@ async def run_attempts(
     *,
     retry_infra: bool = False,
     show_progress: bool = True,
+    model: str | None = None,
 ) -> None:
     """Run the attempts `todo` and record each as it finishes; nothing is written before
-    the preflight (sampler, prompts, one trial INIT per task) passes."""
+    the preflight (sampler, prompts, one trial INIT per task) passes. `model`: whose
+    tokenizer the ids are in, for run.json."""
     run_id = f"eval-{uuid.uuid4().hex[:8]}"
     by_name = {t.spec.name: t for t in tasks}
     envs = {name: make_env(by_name[name], provider, run_id) for name in {a[0] for a in todo}}
     await preflight(list(envs.values()), sampler, tokenizer)
-    evaluation.start(run_id, provider.name, retry_infra=retry_infra)
+    evaluation.start(run_id, provider.name, model=model, retry_infra=retry_infra)
     instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
     # Episodes hold their tokenized prompts: built a chunk at a time, not thousands at once.
     chunks = [todo[i : i + CHUNK] for i in range(0, len(todo), CHUNK)]

@@ -73,6 +73,11 @@ class RunInfo(BaseModel):
     run_id: str
     provider: str
     tasks: list[str]  # task files or folders, absolute
+    model: str | None = Field(
+        default=None,
+        description="whose tokenizer the token ids are in: 'embedded' or a model folder "
+        "(None: not recorded, a run written before this field)",
+    )
 
 
 RUN_INFO = "run.json"
@@ -233,6 +238,7 @@ async def run_task(
     dispatcher: DispatchConfig | None = None,
     show_progress: bool = True,
     snapshots: SnapshotPolicy | None = None,
+    model: str | None = None,
 ) -> RunSummary:
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
     env = make_env(task, provider, run_id)
@@ -240,7 +246,8 @@ async def run_task(
     out_dir.mkdir(parents=True, exist_ok=True)
     store = TrajectoryStore(out_dir / "trajectories.jsonl")
     conversations = out_dir / "conversations.jsonl"
-    write_run_info(out_dir, RunInfo(run_id=run_id, provider=provider.name, tasks=[task.path]))
+    info = RunInfo(run_id=run_id, provider=provider.name, tasks=[task.path], model=model)
+    write_run_info(out_dir, info)
     episodes = [
         Episode(task, inst, k, sampler, tokenizer, env, snapshots=snapshots)
         for inst in task.instances

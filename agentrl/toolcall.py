@@ -176,7 +176,16 @@ async def act(
     text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
 ) -> Observation:
     """Parse the reply `text` and make its call; the observation the agent sees (and the
-    call, exit code and tool time on `turn`). Replay re-executes recorded turns with it."""
+    call, exit code, tool time and whether it failed on `turn`). Replay re-executes
+    recorded turns with it."""
+    obs = await _act(text, action_format, tools, sandbox, turn)
+    turn.tool_error = obs.error
+    return obs
+
+
+async def _act(
+    text: str, action_format: str, tools: dict[str, Tool], sandbox: Sandbox, turn: Turn
+) -> Observation:
     blocks = action_format == "bash_block"
     try:
         call = parse_bash_block(text) if blocks else parse_tool_call(text)

@@ -81,6 +81,11 @@ class Turn(_Strict):
     tool_call: ToolCall | None = Field(default=None, description="parsed call, if any")
     observation: str = Field(default="", description="observation text (truncated)")
     exit_code: int | None = Field(default=None, description="tool exit code, if any")
+    tool_error: bool = Field(
+        default=False,
+        description="the call failed: no call parsed, an unknown tool, bad arguments, or the "
+        "tool's own error (a nonzero exit code alone is not one)",
+    )
     span: tuple[int, int] = Field(
         description="[start, end) into response_ids of this turn's sampled tokens"
     )
@@ -156,7 +161,7 @@ class BranchOf(_Strict):
     snapshot: str | None = Field(default=None, description="the snapshot it was restored from")
     purpose: Literal["value", "replay"] = Field(
         description="value: estimating the state's value in training (`estimator: branch`); "
-        "replay: `agentrl replay --branch`"
+        "replay: `agentrl replay --policy`"
     )
 
 

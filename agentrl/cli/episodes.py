@@ -1,10 +1,12 @@
-"""`agentrl run`, `check`, `replay` and `failures`: episodes of tasks, and what they left."""
+"""`agentrl run`, `check`, `replay`, `failures` and `view`: episodes of tasks, and what they
+left."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
     sampler_config = parse_policy(args.policy)
-    tokenizer = model_tokenizer(args.model or sampler_config.tokenizer_model())
+    model = args.model or sampler_config.tokenizer_model()
+    tokenizer = model_tokenizer(model)
     sampler = sampler_config.build(tokenizer=tokenizer)
     out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 samples=args.samples,
                 dispatcher=dispatcher,
                 snapshots=snapshots,
+                model=model,
             )
         finally:
             await sampler.close()
@@ -295,3 +299,44 @@ def _print_evidence(path: Path, lines: int = 8) -> None:
 
 async def _sizes(sandboxes: SandboxProvider, ids: list[str]) -> list[int]:
     return [await sandboxes.snapshot_bytes(i) for i in ids]
+
+
+def view(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from agentrl.view.export import export
+    from agentrl.view.folder import RunFolder
+    from agentrl.view.server import ViewServer
+
+    folder = RunFolder(args.run_dir, model=args.model)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, console=err_console, transient=True) as bars:
+        task = bars.add_task("indexing", total=None)
+
+        def indexing(what: str, done: int, total: int) -> None:
+            bars.update(task, description=f"indexing {what}", completed=done, total=total)
+
+        folder.refresh(indexing)
+    if args.export is not None:
+        with Progress(*columns[:2], console=err_console, transient=True) as bars:
+            task = bars.add_task("exporting episodes", total=None)
+            n = export(
+                folder,
+                args.export,
+                progress=lambda done, total: bars.update(task, completed=done, total=total),
+            )
+        page = (args.export / "index.html").resolve()
+        console.print(f"exported {n} episodes: open file://{page}")
+        return 0
+    server = ViewServer(folder, args.host, args.port)
+    threading.Thread(target=folder.warm, name="tokenizer", daemon=True).start()
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        err_console.print(tag("note:", "yellow", f"anyone who can reach {args.host} can read it"))
+    console.print(f"viewing {folder.root} at {server.url} (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0

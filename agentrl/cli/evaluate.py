@@ -169,7 +169,8 @@ def _run(
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
     policy = parse_policy(evaluation.spec.policy)
-    tokenizer = model_tokenizer(evaluation.spec.model or policy.tokenizer_model())
+    model = evaluation.spec.model or policy.tokenizer_model()
+    tokenizer = model_tokenizer(model)
     sampler = policy.build(tokenizer=tokenizer)
 
     async def go() -> None:
@@ -183,6 +184,7 @@ def _run(
                 provider(args.provider),
                 dispatcher,
                 retry_infra=args.retry_infra,
+                model=model,
             )
         finally:
             await sampler.close()

@@ -185,6 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--model", help=MODEL_HELP)
     rp.set_defaults(func=episodes.replay)
 
+    vw = sub.add_parser(
+        "view", help="a run in the browser: metrics, the episodes table, one episode's tokens"
+    )
+    vw.add_argument("run_dir", type=Path, help="a folder `agentrl run`, `eval` or `train` wrote")
+    vw.add_argument("--port", type=_port, default=8400, help="port (0 picks a free one)")
+    vw.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    vw.add_argument("--model", help="whose tokenizer the ids are in (default: run.json's model)")
+    vw.add_argument(
+        "--export", type=Path, metavar="DIR", help="write a static copy to DIR (opens from disk)"
+    )
+    vw.set_defaults(func=episodes.view)
+
     fl = sub.add_parser("failures", help="a run's failed episodes, grouped, with replay commands")
     fl.add_argument("run_dir", type=Path)
     fl.add_argument("--all", action="store_true", help="a replay command for every episode")

@@ -186,7 +186,9 @@ class Trainer:
             envs = await self._envs(stack)
             await preflight(envs, sampler, tokenizer)
             task_paths = [t.path for t in self.tasks]
-            info = RunInfo(run_id=self.run_id, provider=cfg.provider, tasks=task_paths)
+            info = RunInfo(
+                run_id=self.run_id, provider=cfg.provider, tasks=task_paths, model=cfg.model
+            )
             write_run_info(self.out, info)
             run = TrainRun(
                 config=cfg,

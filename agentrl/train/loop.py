@@ -103,7 +103,7 @@ async def evaluate(run: TrainRun, step: int) -> EvalRecord:
         temperature=run.config.temperature,
     )
     evaluation = Evaluation(eval_folder(run.out, step), spec, overwrite=True)
-    evaluation.start(run.run_id, run.config.provider)
+    evaluation.start(run.run_id, run.config.provider, model=run.config.model)
     episodes = run.make_episodes(run.held, samples, run.sampler)
     t0 = time.monotonic()
     trajs = await run.rollout(episodes, f"eval after step {step}", evaluation.record)

@@ -1,0 +1,416 @@
+"""A run folder as the viewer shows it: its trajectory files (indexed), its metrics, and
+one episode at a time with its tokens' texts, its grade, its branches and the commands
+that replay it. Every answer is a JSON-ready dict: the HTTP server sends them as they
+are and `--export` writes them into a static copy (the shapes: docs/viewer.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentrl.errors import ConfigError, TrajectoryError, first_line
+from agentrl.trajectory import Trajectory
+from agentrl.view.index import COLUMNS, EpisodeIndex
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Progress = Callable[[str, int, int], None]
+"""(what, done, total): how far indexing has got, in bytes."""
+
+BRANCHES = "branches.jsonl"  # replay.BRANCHES (not imported: replay pulls in the agent)
+
+
+@dataclass
+class RunFile:
+    """One trajectory file of the folder, under a short id the page can use."""
+
+    id: str
+    label: str
+    path: Path
+    index: EpisodeIndex
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float as None (JSON has no NaN; a nan reward mean
+    means 'nothing graded')."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def fold(text: str) -> str:
+    """Text as search compares it: ASCII letters lower-cased, nothing else changed (the
+    page's static search folds the same way, and raw JSON bytes fold alike)."""
+    return text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def matches(turns: list[dict[str, Any]], folded_query: str) -> bool:
+    """Whether any turn's action or observation holds the (folded) query."""
+    return any(
+        folded_query in fold(t.get("action") or "")
+        or folded_query in fold(t.get("observation") or "")
+        for t in turns
+    )
+
+
+class RunFolder:
+    """What `agentrl view` serves of one run folder (thread-safe)."""
+
+    def __init__(self, root: Path, model: str | None = None) -> None:
+        root = root.expanduser()
+        if not root.is_dir():
+            raise ConfigError(
+                f"{root}: no such run folder",
+                fix="pass a folder that `agentrl run`, `agentrl eval` or `agentrl train` wrote",
+            )
+        if not any(
+            (root / n).exists() for n in ("run.json", "trajectories.jsonl", "metrics.jsonl")
+        ):
+            raise ConfigError(
+                f"{root} is not a run folder (no run.json, trajectories.jsonl or metrics.jsonl)",
+                fix="pass a folder that `agentrl run`, `agentrl eval` or `agentrl train` wrote",
+            )
+        self.root = root.resolve()
+        self.model = model
+        self.files: dict[str, RunFile] = {}
+        self._lock = threading.RLock()
+        self._where: dict[str, tuple[str, int]] = {}  # trajectory id -> (file, row)
+        self._children: dict[str, list[tuple[str, int]]] = {}  # parent id -> its branches
+        self._seen: dict[str, int] = {}  # rows of each file entered in the two maps
+        self._metrics: tuple[tuple[int, float], list[dict[str, Any]]] = ((-1, 0.0), [])
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._token_note: str | None = None
+        self._tokenizer_lock = threading.Lock()
+        self._texts: dict[int, str] = {}
+
+    # --- what the folder holds -----------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        if (self.root / "eval.json").is_file():
+            return "eval"
+        markers = ("metrics.jsonl", "checkpoints", "eval")
+        return "train" if any((self.root / m).exists() for m in markers) else "run"
+
+    def _discover(self) -> None:
+        """Add the trajectory files that exist now (an evaluation folder appears mid-run)."""
+        train = self.kind == "train"
+        found = [("train", "training episodes" if train else "episodes", "trajectories.jsonl")]
+        for step in sorted((self.root / "eval").glob("step-*/trajectories.jsonl")):
+            name = step.parent.name
+            found.append((f"eval-{name}", f"held-out eval, {name}", f"eval/{name}/{step.name}"))
+        found.append(("branches", "replay branches", BRANCHES))
+        for file_id, label, rel in found:
+            path = self.root / rel
+            if file_id not in self.files and path.is_file():
+                self.files[file_id] = RunFile(file_id, label, path, EpisodeIndex(path))
+
+    def refresh(self, progress: Progress | None = None) -> None:
+        """Index what the files gained since the last call."""
+        with self._lock:
+            self._discover()
+            for f in self.files.values():
+                report = (
+                    (lambda done, total, f=f: progress(f.label, done, total)) if progress else None
+                )
+                if len(f.index) < self._seen.get(f.id, 0):  # re-indexed: cut back
+                    self._forget(f.id)
+                f.index.refresh(report)
+                self._enter(f)
+
+    def _forget(self, file_id: str) -> None:
+        self._where = {k: v for k, v in self._where.items() if v[0] != file_id}
+        for key, kids in self._children.items():
+            self._children[key] = [k for k in kids if k[0] != file_id]
+        self._seen[file_id] = 0
+
+    def _enter(self, f: RunFile) -> None:
+        at_id, at_parent = COLUMNS.index("id"), COLUMNS.index("branch_of")
+        for row in f.index.rows[self._seen.get(f.id, 0) :]:
+            self._where.setdefault(row[at_id], (f.id, row[0]))
+            if row[at_parent]:
+                self._children.setdefault(row[at_parent], []).append((f.id, row[0]))
+        self._seen[f.id] = len(f.index)
+
+    def _file(self, file_id: str) -> RunFile:
+        f = self.files.get(file_id)
+        if f is None:
+            raise ConfigError(
+                f"no trajectory file {file_id!r} in {self.root}",
+                fix=f"pick one of: {', '.join(self.files) or '(none yet)'}",
+            )
+        return f
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of metrics.jsonl (re-read when the file changed; NaN as None)."""
+        path = self.root / "metrics.jsonl"
+        try:
+            st = path.stat()
+        except OSError:
+            return []
+        key = (st.st_size, st.st_mtime)
+        if key != self._metrics[0]:
+            rows = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    rows.append(finite(json.loads(line)))
+                except ValueError:
+                    break  # a row being written
+            self._metrics = (key, rows)
+        return self._metrics[1]
+
+    def _json(self, name: str) -> Any:
+        try:
+            return finite(json.loads((self.root / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+
+    def stamp(self) -> dict[str, Any]:
+        """What changed since the page last looked: it polls this and fetches only then."""
+        with self._lock:
+            self.refresh()
+            files = {f.id: len(f.index) for f in self.files.values()}
+            path = self.root / "metrics.jsonl"
+            size = path.stat().st_size if path.is_file() else 0
+            stamp = json.dumps([files, size, [f.index.end for f in self.files.values()]])
+            return {"stamp": stamp, "files": files}
+
+    # --- the page's questions ------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        with self._lock:
+            stamp = self.stamp()["stamp"]
+            files = [
+                {
+                    "id": f.id,
+                    "label": f.label,
+                    "path": str(f.path.relative_to(self.root)),
+                    "rows": len(f.index),
+                }
+                for f in self.files.values()
+            ]
+        return {
+            "name": self.root.name,
+            "dir": str(self.root),
+            "kind": self.kind,
+            "files": files,
+            "metrics": self.metrics(),
+            "summary": self._json("summary.json"),
+            "stamp": stamp,
+        }
+
+    def rows(self, file_id: str, since: int = 0) -> dict[str, Any]:
+        with self._lock:
+            f = self._file(file_id)
+            rows = f.index.rows[max(since, 0) :]
+            return {
+                "file": file_id,
+                "since": since,
+                "total": len(f.index),
+                "columns": list(COLUMNS),
+                "rows": rows,
+            }
+
+    def search(self, file_id: str, query: str) -> dict[str, Any]:
+        """Rows of `file_id` whose actions or observations contain `query` (ASCII
+        letters in any case). Each line's raw JSON is tested first, as bytes: the JSON
+        of a substring is a substring of the JSON, so only candidate lines are parsed."""
+        from agentrl.view.index import record
+
+        folded = fold(query)
+        needle = json.dumps(folded, ensure_ascii=False)[1:-1].encode()
+        with self._lock:
+            f = self._file(file_id)
+            rows = list(range(len(f.index)))
+        hits = []
+        if folded:
+            for row, raw in f.index.lines(rows):
+                if needle.lower() in raw.lower():
+                    try:
+                        data = record(raw)
+                    except ValueError:
+                        continue
+                    if matches(data.get("turns") or [], folded):
+                        hits.append(row)
+        return {"file": file_id, "q": query, "rows": hits}
+
+    def trajectory(self, file_id: str, row: int) -> Trajectory:
+        with self._lock:
+            f = self._file(file_id)
+            if not 0 <= row < len(f.index):
+                raise ConfigError(
+                    f"{file_id} has rows 0..{len(f.index) - 1}, not {row}",
+                    fix="pick an episode from the table",
+                )
+            raw = f.index.line(row)
+        where = f"{f.path}: row {row}"
+        try:
+            return Trajectory.from_json(raw.decode("utf-8"), where=where)
+        except UnicodeDecodeError as e:
+            raise TrajectoryError(f"{where}: not UTF-8 (offset {e.start})") from None
+
+    def episode(self, file_id: str, row: int) -> dict[str, Any]:
+        traj = self.trajectory(file_id, row)
+        data = traj.model_dump(mode="json")
+        tokens = self.token_texts(traj)
+        parent = None
+        if traj.branch_of is not None:
+            where = self._where.get(traj.branch_of.trajectory_id)
+            if where is not None:
+                other = self.trajectory(*where)
+                parent = {
+                    "file": where[0],
+                    "row": where[1],
+                    "id": other.trajectory_id,
+                    "turn": traj.branch_of.turn,
+                    "divergence": divergence(other, traj),
+                }
+        branches = []
+        for kid_file, kid_row in self._children.get(traj.trajectory_id, []):
+            kid = self.trajectory(kid_file, kid_row)
+            assert kid.branch_of is not None
+            branches.append(
+                {
+                    "file": kid_file,
+                    "row": kid_row,
+                    "id": kid.trajectory_id,
+                    "turn": kid.branch_of.turn,
+                    "purpose": kid.branch_of.purpose,
+                    "reward": finite(kid.reward),
+                    "stop": kid.stop_reason.value,
+                    "divergence": divergence(traj, kid),
+                }
+            )
+        return {
+            "file": file_id,
+            "row": row,
+            "trajectory": finite(data),
+            "tokens": tokens,
+            "token_note": self._token_note if tokens is None else None,
+            "grade": self._grade(file_id, traj),
+            "parent": parent,
+            "branches": branches,
+            "replay": self.replay_commands(traj),
+        }
+
+    def _grade(self, file_id: str, traj: Trajectory) -> Any:
+        if not traj.grade_file:
+            return None
+        path = self.files[file_id].path.parent / traj.grade_file
+        try:
+            return finite(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as e:
+            return {"error": f"{path}: {first_line(e)}"}
+
+    def replay_commands(self, traj: Trajectory) -> list[str]:
+        """`agentrl replay` for this episode: act its replies again, a shell before its
+        last turn, and a policy going on from there."""
+        run, tid = shlex.quote(str(self.root)), shlex.quote(traj.trajectory_id)
+        commands = [f"agentrl replay {run} {tid}"]
+        if traj.turns:
+            last = len(traj.turns) - 1
+            commands.append(f"agentrl replay {run} {tid} --from-turn {last} --shell")
+            commands.append(
+                f"agentrl replay {run} {tid} --from-turn {last} --policy {self._policy()}"
+            )
+        return commands
+
+    def _policy(self) -> str:
+        if (self.root / "checkpoints").is_dir():
+            return shlex.quote(str(self.root))  # its newest checkpoint
+        model = self.model or self._recorded_model()
+        return "local" if model in (None, "embedded") else shlex.quote(model)
+
+    def _recorded_model(self) -> str | None:
+        info = self._json("run.json")
+        return info.get("model") if isinstance(info, dict) else None
+
+    # --- token texts ---------------------------------------------------------------
+
+    def token_texts(self, traj: Trajectory) -> list[dict[str, Any]] | None:
+        """Each ledger's prompt and response ids as text, one string per id (None when
+        no tokenizer can be had: `_token_note` says why)."""
+        tokenizer = self._load_tokenizer()
+        if tokenizer is None:
+            return None
+        ledgers = traj.ledgers()
+        with self._lock:
+            missing = sorted(
+                {i for s in ledgers for i in (*s.prompt_ids, *s.response_ids)} - self._texts.keys()
+            )
+            if missing:
+                texts = tokenizer.batch_decode(
+                    [[i] for i in missing],
+                    skip_special_tokens=False,
+                    clean_up_tokenization_spaces=False,
+                )
+                self._texts.update(zip(missing, texts, strict=True))
+            known = self._texts
+            return [
+                {
+                    "reason": s.reason,
+                    "prompt": [known[i] for i in s.prompt_ids],
+                    "response": [known[i] for i in s.response_ids],
+                }
+                for s in ledgers
+            ]
+
+    def warm(self) -> None:
+        """Load the tokenizer now, so the first episode opens fast."""
+        self._load_tokenizer()
+
+    def _load_tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The run's tokenizer, loaded on first use (`agentrl view` warms it up in the
+        background: transformers takes seconds to import)."""
+        with self._tokenizer_lock:
+            return self._tokenizer or self._new_tokenizer()
+
+    def _new_tokenizer(self) -> PreTrainedTokenizerBase | None:
+        if self._token_note is not None:
+            return None
+        model = self.model or self._recorded_model()
+        if model is None:
+            self._token_note = (
+                "run.json names no model (written before agentrl recorded it): token ids only; "
+                "fix: agentrl view RUN --model embedded (or the model's folder)"
+            )
+            return None
+        from agentrl.inference.embedded import model_tokenizer
+
+        try:
+            self._tokenizer = model_tokenizer(model)
+        except ConfigError as e:
+            self._token_note = f"{e.message}: token ids only" + (f"; fix: {e.fix}" if e.fix else "")
+        return self._tokenizer
+
+
+def divergence(parent: Trajectory, branch: Trajectory) -> dict[str, int] | None:
+    """Where `branch`'s tokens first differ from `parent`'s: the ledger, the index into
+    its response, and the branch's turn holding it (None: identical as far as both go)."""
+    for k, (a, b) in enumerate(zip(parent.ledgers(), branch.ledgers(), strict=False)):
+        n = min(len(a.response_ids), len(b.response_ids))
+        at = next((i for i in range(n) if a.response_ids[i] != b.response_ids[i]), None)
+        if at is None and len(a.response_ids) != len(b.response_ids):
+            at = n
+        if at is not None:
+            turn = next(
+                (j for j, t in enumerate(branch.turns) if t.segment == k and t.span[1] > at),
+                len(branch.turns) - 1,
+            )
+            return {"segment": k, "token": at, "turn": turn}
+    return None

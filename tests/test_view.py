@@ -251,6 +251,7 @@ def test_search_finds_actions_and_observations_in_any_case_and_nothing_else(tmp_
     assert found("CAFÉ") == [] and found("café") == [2]  # ASCII letters fold, others don't
     assert found("B.TXT") == [0, 1, 2, 3]  # observations too
     assert found("observation") == []  # keys and other fields are not searched
+    assert folder.search("train", "b.txt", since=2)["rows"] == [2, 3]  # a live page's new rows
     assert found("") == []
 
 

@@ -226,17 +226,18 @@ class RunFolder:
                 "rows": rows,
             }
 
-    def search(self, file_id: str, query: str) -> dict[str, Any]:
-        """Rows of `file_id` whose actions or observations contain `query` (ASCII
-        letters in any case). Each line's raw JSON is tested first, as bytes: the JSON
-        of a substring is a substring of the JSON, so only candidate lines are parsed."""
+    def search(self, file_id: str, query: str, since: int = 0) -> dict[str, Any]:
+        """Rows of `file_id` from `since` on whose actions or observations contain
+        `query` (ASCII letters in any case; a live page asks only about new rows). Each
+        line's raw JSON is tested first, as bytes: the JSON of a substring is a substring
+        of the JSON, so only candidate lines are parsed."""
         from agentrl.view.index import record
 
         folded = fold(query)
         needle = json.dumps(folded, ensure_ascii=False)[1:-1].encode()
         with self._lock:
             f = self._file(file_id)
-            rows = list(range(len(f.index)))
+            rows = list(range(max(since, 0), len(f.index)))
         hits = []
         if folded:
             for row, raw in f.index.lines(rows):

@@ -4,7 +4,7 @@
     /static/<path>    its scripts, styles and the vendored chart library
     /api/run          the run: files, metrics, summary
     /api/rows         ?file=F&since=N: table rows of a file from row N on
-    /api/search       ?file=F&q=TEXT: rows whose actions or observations hold TEXT
+    /api/search       ?file=F&q=TEXT&since=N: rows from N on whose turns hold TEXT
     /api/episode      ?file=F&row=N: one episode, its token texts, grade, branches
     /api/stamp        what changed (the page polls it: live updates)
 
@@ -59,7 +59,7 @@ def answer(folder: RunFolder, route: str, query: dict[str, list[str]]) -> Any:
     if route == "rows":
         return folder.rows(_str(query, "file"), _int(query, "since", 0))
     if route == "search":
-        return folder.search(_str(query, "file"), query.get("q", [""])[0])
+        return folder.search(_str(query, "file"), query.get("q", [""])[0], _int(query, "since", 0))
     if route == "episode":
         return folder.episode(_str(query, "file"), _int(query, "row"))
     if route == "stamp":

@@ -1,0 +1,222 @@
+"""`agentrl view` in real Chromium (Playwright) on the shipped run folder
+(examples/runs/look-then-act-branch: a real `agentrl train` run of the main job with
+branch credit, written by SmolLM2 in Docker): the overview draws, filters narrow the
+table to exactly the rows Python counts, an episode's token colours follow its ledger
+(every mask-1 token marked sampled), its branches show where they diverge, a run in
+progress shows a new episode without a reload, and the static export opens from disk.
+Nothing is faked; the tokenizer is the run's own (the embedded model)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.trajectory import Trajectory, TrajectoryStore
+from agentrl.view.export import export
+from agentrl.view.folder import RunFolder
+from agentrl.view.server import ViewServer
+
+pytestmark = pytest.mark.model
+
+SHIPPED = Path(__file__).parent.parent / "examples" / "runs" / "look-then-act-branch"
+
+
+def trajectories(path: Path) -> list[Trajectory]:
+    return list(TrajectoryStore(path))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the shipped run (the viewer writes its index beside the files)."""
+    copy = tmp_path_factory.mktemp("view") / SHIPPED.name
+    shutil.copytree(SHIPPED, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    from agentrl.tools.chromium import chromium_path
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path())
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def served(run: Path) -> Iterator[str]:
+    folder = RunFolder(run)
+    folder.refresh()
+    folder.warm()
+    with ViewServer(folder) as server:
+        yield server.url
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page whose script errors fail the test."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    yield page
+    page.close()
+    assert errors == []
+
+
+def count(page: Any) -> int:
+    return int(page.text_content("#episode-count").strip())
+
+
+def wait_count(page: Any, n: int) -> None:
+    page.wait_for_function(
+        f"document.querySelector('#episode-count')?.textContent.trim() === '{n}'", timeout=20_000
+    )
+
+
+def test_the_overview_draws_the_runs_metrics(page: Any, served: str, run: Path):
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if m["kind"] == "train"]
+    evals = [m for m in metrics if m["kind"] == "eval"]
+    assert steps and len(evals) >= 2  # what the shipped run holds
+    page.goto(served)
+    for metric in ("reward", "pass_rate", "stop_reasons", "failures", "tokens", "loss", "clip"):
+        page.wait_for_selector(f".chart[data-metric={metric}] canvas")
+    assert page.locator(".chart[data-metric=lag]").count() == 0  # a sync run has no lag
+    assert run.name in page.text_content("header")
+
+
+def test_filters_narrow_the_table_to_the_rows_that_match(page: Any, served: str, run: Path):
+    trajs = trajectories(run / "trajectories.jsonl")
+    page.goto(served + "#/episodes?file=train")
+    wait_count(page, len(trajs))
+    failed = [t for t in trajs if t.reward is not None and t.reward <= 0]
+    assert 0 < len(failed) < len(trajs)
+    page.fill("#f-reward-max", "0")
+    page.press("#f-reward-max", "Enter")
+    wait_count(page, len(failed))
+    instance = failed[0].group_id
+    page.fill("#f-instance", instance)
+    page.press("#f-instance", "Enter")
+    wait_count(page, sum(t.group_id == instance for t in failed))
+    keys = page.eval_on_selector_all("#episodes tbody tr", "rs => rs.map(r => r.dataset.key)")
+    ids = {trajs[int(k.split(":")[1])].trajectory_id for k in keys}
+    assert ids == {t.trajectory_id for t in failed if t.group_id == instance}
+    # Search in actions and observations, on top of the cleared filters.
+    page.goto(served + "#/episodes?file=train")
+    wait_count(page, len(trajs))
+    word = "note.txt"
+    hits = [t for t in trajs if any(word in u.action or word in u.observation for u in t.turns)]
+    assert 0 < len(hits) < len(trajs)
+    page.fill("#f-search", "NOTE.TXT")
+    page.press("#f-search", "Enter")
+    wait_count(page, len(hits))
+
+
+def test_an_episodes_tokens_are_coloured_by_its_ledger(page: Any, served: str, run: Path):
+    trajs = trajectories(run / "trajectories.jsonl")
+    row, traj = next((k, t) for k, t in enumerate(trajs) if t.branch_of is None and t.turns)
+    page.goto(served + f"#/episode/train/{row}")
+    page.wait_for_selector("#tokens span.tok.sampled")
+    tokens = page.eval_on_selector_all(
+        "#tokens span.tok[data-seg='0']",
+        """ts => ts.map(t => ({i: +t.dataset.i, id: +t.dataset.id, mask: +t.dataset.mask,
+                               sampled: t.classList.contains('sampled'),
+                               bg: getComputedStyle(t).backgroundColor, title: t.title}))""",
+    )
+    assert [t["id"] for t in tokens] == traj.response_ids
+    assert [t["mask"] for t in tokens] == traj.loss_mask
+    assert [t["sampled"] for t in tokens] == [m == 1 for m in traj.loss_mask]
+    sampled_bg = {t["bg"] for t in tokens if t["sampled"]}
+    context_bg = {t["bg"] for t in tokens if not t["sampled"]}
+    assert len(sampled_bg) == 1 and sampled_bg.isdisjoint(context_bg)
+    first = next(i for i, m in enumerate(traj.loss_mask) if m)
+    assert f"{traj.logprobs[first]:.3f}" in tokens[first]["title"]
+    assert f"v{traj.token_versions[first]}" in tokens[first]["title"]
+    # Coloured by logprob, sampled tokens vary with their probability.
+    page.select_option("#tok-mode", "logprob")
+    shades = page.eval_on_selector_all(
+        "#tokens span.tok.sampled",
+        "ts => new Set(ts.map(t => getComputedStyle(t).backgroundColor)).size",
+    )
+    assert shades > 1
+    assert len(page.locator("#turns .turn").all()) == len(traj.turns)
+    assert f"agentrl replay {run.resolve()} {traj.trajectory_id}" in page.text_content("#replay")
+
+
+def test_a_branched_episode_shows_its_continuations_and_where_they_diverge(
+    page: Any, served: str, run: Path
+):
+    trajs = trajectories(run / "trajectories.jsonl")
+    kids = [t for t in trajs if t.branch_of is not None]
+    assert kids  # branch credit ran
+    parent_id = kids[0].branch_of.trajectory_id  # type: ignore[union-attr]
+    row = next(k for k, t in enumerate(trajs) if t.trajectory_id == parent_id)
+    page.goto(served + f"#/episode/train/{row}")
+    page.wait_for_selector("#branches a.branch")
+    shown = page.eval_on_selector_all("#branches a.branch", "bs => bs.map(b => b.dataset.key)")
+    mine = [
+        k for k, t in enumerate(trajs) if t.branch_of and t.branch_of.trajectory_id == parent_id
+    ]
+    assert sorted(shown) == sorted(f"train:{k}" for k in mine)
+    # A continuation marks the token where it stops following its parent.
+    page.click(f"#branches a.branch[data-key='train:{mine[0]}']")
+    page.wait_for_selector("#tokens span.tok.diverge")
+    kid, parent = trajs[mine[0]], trajs[row]
+    at = int(page.get_attribute("#tokens span.tok.diverge", "data-i"))
+    assert kid.response_ids[:at] == parent.response_ids[:at]
+    assert at == len(parent.response_ids) or kid.response_ids[at] != parent.response_ids[at]
+
+
+def test_a_run_in_progress_shows_a_new_episode_without_a_reload(
+    page: Any, browser: Any, tmp_path: Path
+):
+    live = tmp_path / "live"
+    shutil.copytree(SHIPPED, live)
+    store = TrajectoryStore(live / "trajectories.jsonl")
+    n = len(list(store))
+    folder = RunFolder(live)
+    folder.refresh()
+    with ViewServer(folder) as server:
+        page.goto(server.url + "#/episodes?file=train")
+        wait_count(page, n)
+        loads = page.evaluate("window.__agentrlLoads")
+        first = next(iter(store))
+        turns = [first.turns[0].model_copy(update={"observation": "a LIVE-MARKER here"})]
+        newest = first.model_copy(
+            update={"trajectory_id": "appended-while-open_0", "turns": turns + first.turns[1:]}
+        )
+        store.append(newest)
+        wait_count(page, n + 1)
+        held = page.evaluate("agentrlApp.state.rows.train.map(r => r[1])")
+        assert "appended-while-open_0" in held
+        # A search stays on while the run goes on: new episodes that match join it.
+        page.fill("#f-search", "live-marker")
+        page.press("#f-search", "Enter")
+        wait_count(page, 1)
+        store.append(newest.model_copy(update={"trajectory_id": "appended-later_0"}))
+        wait_count(page, 2)
+        assert page.evaluate("window.__agentrlLoads") == loads  # no reload happened
+        page.goto("about:blank")  # before its server goes
+
+
+def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
+    out = tmp_path / "shared"
+    written = export(RunFolder(run), out)
+    trajs = trajectories(run / "trajectories.jsonl")
+    page.goto((out / "index.html").as_uri() + "#/episodes?file=train")
+    wait_count(page, len(trajs))
+    assert written >= len(trajs)
+    page.goto((out / "index.html").as_uri() + "#/episode/train/3")
+    page.wait_for_selector("#tokens span.tok.sampled")
+    ids = page.eval_on_selector_all(
+        "#tokens span.tok[data-seg='0']", "ts => ts.map(t => +t.dataset.id)"
+    )
+    assert ids == trajs[3].response_ids

@@ -13,8 +13,9 @@ measures, in the same run:
   without the index would do before showing anything);
 - `episode_s`: one episode's page data from the index (median of 5 rows, tokenizer warm)
   against `find_s`, `agentrl replay`'s linear search for the same ids;
-- in Chromium (Playwright) against the real server: the overview drawn, the table's
-  100,000 rows filtered and shown, one episode's tokens shown.
+- in Chromium (Playwright) against the real server, each from a new page: the overview
+  drawn, the table showing all rows, a filter applied, a search over the whole file
+  (server side), one episode's tokens shown.
 
 Writes benchmarks/results/viewer.json.
 """
@@ -123,9 +124,12 @@ def server_side(run: Path) -> dict[str, Any]:
     whole, n = timed(lambda: sum(1 for _ in TrajectoryStore(path)))
     cached_folder.warm()
     total = len(cached_folder.files["train"].index)
-    rows = [total // 2 + 7919 * k for k in range(5)]
+    rows = [total // 2 + 7919 * k for k in range(6)]
     rows = [r % total for r in rows]
-    page_s = [timed(lambda r=r: cached_folder.episode("train", r))[0] for r in rows]
+    # The first decodes its tokens' texts; later ones find most of them known.
+    first_page, _ = timed(lambda: cached_folder.episode("train", rows[0]))
+    page_s = [timed(lambda r=r: cached_folder.episode("train", r))[0] for r in rows[1:]]
+    rows_mb = len(json.dumps(cached_folder.rows("train"))) / 2**20
     ids = [cached_folder.files["train"].index.rows[r][1] for r in rows[:2]]
     find_s = [timed(lambda i=i: find_trajectory(run, i))[0] for i in ids]
     return {
@@ -136,6 +140,8 @@ def server_side(run: Path) -> dict[str, Any]:
         "cached_open_s": round(cached, 2),
         "read_whole_s": round(whole, 2),
         "read_whole_over_cached_open": round(whole / cached, 1),
+        "rows_json_mb": round(rows_mb, 1),
+        "first_episode_s": round(first_page, 3),
         "episode_s": round(statistics.median(page_s), 3),
         "find_s": round(statistics.median(find_s), 2),
         "find_over_episode": round(statistics.median(find_s) / statistics.median(page_s), 1),
@@ -151,19 +157,23 @@ def browser_side(run: Path) -> dict[str, Any]:
     folder = RunFolder(run)
     start_s, _ = timed(folder.refresh)
     folder.warm()
+    total = len(folder.files["train"].index)
     with ViewServer(folder) as server, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+
+        def fresh() -> Any:  # each timing starts from a new page: nothing loaded yet
+            return browser.new_page(viewport={"width": 1400, "height": 900})
+
+        page = fresh()
         overview, _ = timed(
             lambda: (page.goto(server.url), page.wait_for_selector(".chart[data-metric] canvas"))
         )
+        page = fresh()
+        every_row = f"document.querySelector('#episode-count')?.textContent.trim() === '{total}'"
         table, _ = timed(
             lambda: (
                 page.goto(server.url + "#/episodes?file=train"),
-                page.wait_for_function(
-                    "document.querySelector('#episode-count')?.textContent.trim() === "
-                    f"'{len(folder.files['train'].index)}'"
-                ),
+                page.wait_for_function(every_row, timeout=60_000),
             )
         )
         filtered, _ = timed(
@@ -174,10 +184,20 @@ def browser_side(run: Path) -> dict[str, Any]:
                 ),
             )
         )
-        row = len(folder.files["train"].index) // 2
+        searched, _ = timed(
+            lambda: (
+                page.fill("#f-search", "pattern7 found"),
+                page.press("#f-search", "Enter"),
+                page.wait_for_function(
+                    "document.querySelector('#search-status')?.textContent.includes('contain')",
+                    timeout=120_000,
+                ),
+            )
+        )
+        page = fresh()
         episode, _ = timed(
             lambda: (
-                page.goto(server.url + f"#/episode/train/{row}"),
+                page.goto(server.url + f"#/episode/train/{total // 2}"),
                 page.wait_for_selector("#tokens span.tok.sampled"),
             )
         )
@@ -187,6 +207,7 @@ def browser_side(run: Path) -> dict[str, Any]:
         "overview_s": round(overview, 2),
         "table_all_rows_s": round(table, 2),
         "filter_s": round(filtered, 2),
+        "search_s": round(searched, 2),
         "episode_s": round(episode, 2),
     }
 
@@ -215,6 +236,8 @@ def screenshots(run: Path, out: Path) -> None:
         row = next(r[0] for r in at if r[1] in parents)
         page.goto(server.url + f"#/episode/train/{row}")
         page.wait_for_selector("#tokens span.tok.sampled")
+        page.select_option("#tok-mode", "logprob")
+        page.evaluate("window.scrollTo(0, document.querySelector('#tokens').offsetTop - 420)")
         page.wait_for_timeout(500)
         page.screenshot(path=str(out / "viewer-episode.png"))
         browser.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +222,40 @@ def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
         "#tokens span.tok[data-seg='0']", "ts => ts.map(t => +t.dataset.id)"
     )
     assert ids == trajs[3].response_ids
+
+
+GENUINE = Path(__file__).parent / "corpus" / "harbor" / "regex-log"
+
+
+@pytest.mark.docker
+def test_a_genuine_harbor_tasks_episode_shows_its_graders_verdicts(page: Any, tmp_path: Path):
+    """A published Harbor task (tests/corpus.json), unchanged, played by a script that runs
+    its own reference solution as one bash call: the page shows the real test file's
+    verdicts, the call and its observation."""
+    if not GENUINE.is_dir():
+        pytest.skip("the genuine corpus is not restored here (tests/corpus.json)")
+    solve = (GENUINE / "solution" / "solve.sh").read_text(encoding="utf-8")
+    call = json.dumps({"name": "bash", "arguments": {"command": solve}})
+    finish = '<tool_call>{"name": "finish", "arguments": {"message": "done"}}</tool_call>'
+    script = tmp_path / "oracle.yaml"
+    script.write_text(json.dumps([f"<tool_call>{call}</tool_call>", finish]))  # JSON is YAML
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "run", str(GENUINE), "--policy",
+         f"scripted:{script}", "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    traj = trajectories(out / "trajectories.jsonl")[0]
+    assert traj.reward == 1.0 and traj.grade_file
+    tests = json.loads((out / traj.grade_file).read_text())["tests"]
+    assert tests and set(tests.values()) <= {"PASSED", "SKIPPED"}
+    folder = RunFolder(out)
+    folder.refresh()
+    with ViewServer(folder) as server:
+        page.goto(server.url + "#/episode/train/0")
+        page.wait_for_selector("#tokens span.tok.sampled")
+        shown = page.text_content("#grade")
+        assert all(name in shown for name in tests)
+        assert "/app/regex.txt" in page.text_content("#turns .turn[data-turn='0']")
+        page.goto("about:blank")

@@ -111,9 +111,16 @@ def test_filters_narrow_the_table_to_the_rows_that_match(page: Any, served: str,
     keys = page.eval_on_selector_all("#episodes tbody tr", "rs => rs.map(r => r.dataset.key)")
     ids = {trajs[int(k.split(":")[1])].trajectory_id for k in keys}
     assert ids == {t.trajectory_id for t in failed if t.group_id == instance}
-    # Search in actions and observations, on top of the cleared filters.
+    # Sorted by reward, descending: the first page is the best episodes.
     page.goto(served + "#/episodes?file=train")
     wait_count(page, len(trajs))
+    page.click("#episodes th[data-col=reward]")
+    page.click("#episodes th[data-col=reward]")
+    page.wait_for_function("agentrlApp.state.list.sort === 'reward' && agentrlApp.state.list.desc")
+    keys = page.eval_on_selector_all("#episodes tbody tr", "rs => rs.map(r => r.dataset.key)")
+    rewards = [trajs[int(k.split(":")[1])].reward for k in keys]
+    assert rewards == sorted(rewards, reverse=True) and rewards[0] == 1.0
+    # Search in actions and observations, on top of the cleared filters.
     word = "note.txt"
     hits = [t for t in trajs if any(word in u.action or word in u.observation for u in t.turns)]
     assert 0 < len(hits) < len(trajs)
@@ -213,6 +220,8 @@ def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
     out = tmp_path / "shared"
     written = export(RunFolder(run), out)
     trajs = trajectories(run / "trajectories.jsonl")
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
     page.goto((out / "index.html").as_uri() + "#/episodes?file=train")
     wait_count(page, len(trajs))
     assert written >= len(trajs)
@@ -222,6 +231,8 @@ def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
         "#tokens span.tok[data-seg='0']", "ts => ts.map(t => +t.dataset.id)"
     )
     assert ids == trajs[3].response_ids
+    outside = [u for u in asked if not u.startswith(("file://", "data:"))]
+    assert asked and outside == []  # everything it needs is in the folder: no CDN, no server
 
 
 GENUINE = Path(__file__).parent / "corpus" / "harbor" / "regex-log"
@@ -258,4 +269,56 @@ def test_a_genuine_harbor_tasks_episode_shows_its_graders_verdicts(page: Any, tm
         shown = page.text_content("#grade")
         assert all(name in shown for name in tests)
         assert "/app/regex.txt" in page.text_content("#turns .turn[data-turn='0']")
+        page.goto("about:blank")
+
+
+def test_an_async_run_shows_its_lag_and_a_segmented_episode_its_ledgers(page: Any, tmp_path: Path):
+    """What the shipped run lacks: an async run's lag chart, and an episode whose history
+    was rewritten (two ledgers), each ledger's tokens shown with its own mask."""
+    from agentrl.trajectory import Segment, StopReason, Turn
+
+    run = tmp_path / "async-run"
+    run.mkdir()
+    rows = [
+        {"kind": "train", "step": s, "episodes": 4, "reward_mean": 0.5, "reward_ci95": 0.1,
+         "pass_rate": 0.5, "infra_failures": 0, "stop_reasons": {"finished": 4},
+         "sampled_tokens": 40, "total_tokens": 80, "lag_max": s - 1, "stale_groups": 0}
+        for s in (1, 2, 3)
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    segment = Segment(
+        reason="template",
+        prompt_ids=[1, 2, 3, 4],
+        response_ids=[7, 8, 9],
+        loss_mask=[1, 1, 0],
+        logprobs=[-0.2, -0.4, 0.0],
+        token_versions=[2, 2, -1],
+    )
+    traj = Trajectory(
+        trajectory_id="seg_0",
+        group_id="seg",
+        task="demo",
+        prompt_ids=[1, 2],
+        response_ids=[5, 6],
+        loss_mask=[1, 0],
+        logprobs=[-0.1, 0.0],
+        token_versions=[1, -1],
+        reward=1.0,
+        stop_reason=StopReason.finished,
+        turns=[Turn(action="a", span=(0, 1)), Turn(action="b", span=(0, 2), segment=1)],
+        segments=[segment],
+    )
+    TrajectoryStore(run / "trajectories.jsonl").append(traj)
+    folder = RunFolder(run, model="embedded")
+    folder.refresh()
+    with ViewServer(folder) as server:
+        page.goto(server.url)
+        page.wait_for_selector(".chart[data-metric=lag] canvas")
+        page.goto(server.url + "#/episode/train/0")
+        page.wait_for_selector("#tokens span.tok[data-seg='1']")
+        assert "template" in page.text_content("#segments")
+        masks = page.eval_on_selector_all(
+            "#tokens span.tok[data-seg='1']", "ts => ts.map(t => +t.dataset.mask)"
+        )
+        assert masks == segment.loss_mask
         page.goto("about:blank")

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 RUN_FILES = (
     "metrics.jsonl",
     "trajectories.jsonl",
+    "trajectories.jsonl.index",  # agentrl view's
     "summary.json",
     "reward.png",
     "admission.jsonl",

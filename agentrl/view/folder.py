@@ -269,20 +269,21 @@ class RunFolder:
         traj = self.trajectory(file_id, row)
         data = traj.model_dump(mode="json")
         tokens = self.token_texts(traj)
+        with self._lock:
+            where = self._where.get(traj.branch_of.trajectory_id) if traj.branch_of else None
+            kids = list(self._children.get(traj.trajectory_id, []))
         parent = None
-        if traj.branch_of is not None:
-            where = self._where.get(traj.branch_of.trajectory_id)
-            if where is not None:
-                other = self.trajectory(*where)
-                parent = {
-                    "file": where[0],
-                    "row": where[1],
-                    "id": other.trajectory_id,
-                    "turn": traj.branch_of.turn,
-                    "divergence": divergence(other, traj),
-                }
+        if traj.branch_of is not None and where is not None:
+            other = self.trajectory(*where)
+            parent = {
+                "file": where[0],
+                "row": where[1],
+                "id": other.trajectory_id,
+                "turn": traj.branch_of.turn,
+                "divergence": divergence(other, traj),
+            }
         branches = []
-        for kid_file, kid_row in self._children.get(traj.trajectory_id, []):
+        for kid_file, kid_row in kids:
             kid = self.trajectory(kid_file, kid_row)
             assert kid.branch_of is not None
             branches.append(

@@ -161,10 +161,11 @@ class EpisodeIndex:
     def lines(self, rows: list[int] | None = None) -> Iterator[tuple[int, bytes]]:
         """(row, bytes) of every row (or of `rows`), read in file order."""
         wanted = range(len(self.rows)) if rows is None else sorted(rows)
+        offsets, lengths = self.offsets, self.lengths  # a rebuild meanwhile makes new lists
         with self.path.open("rb") as f:
             fd = f.fileno()
             for row in wanted:
-                yield row, os.pread(fd, self.lengths[row], self.offsets[row])
+                yield row, os.pread(fd, lengths[row], offsets[row])
 
     # --- the file ------------------------------------------------------------------
 

@@ -325,6 +325,18 @@ def test_without_a_recorded_model_an_episode_shows_ids_and_says_why(tmp_path: Pa
     assert page["tokens"] is None and "--model" in page["token_note"]
 
 
+def test_a_grade_file_outside_the_run_folder_is_not_served(tmp_path: Path):
+    run = tmp_path / "run"
+    (tmp_path / "secret.json").write_text('{"password": "hunter2"}')
+    line = episode("a_0").to_json().replace('"grade_file":null', '"grade_file":"../secret.json"')
+    run.mkdir()
+    (run / "trajectories.jsonl").write_text(line + "\n")
+    folder = RunFolder(run)
+    folder.refresh()
+    grade = folder.episode("train", 0)["grade"]
+    assert "outside the run folder" in grade["error"] and "hunter2" not in json.dumps(grade)
+
+
 # --- HTTP, the CLI, the export -------------------------------------------------------
 
 

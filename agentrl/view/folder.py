@@ -313,7 +313,9 @@ class RunFolder:
     def _grade(self, file_id: str, traj: Trajectory) -> Any:
         if not traj.grade_file:
             return None
-        path = self.files[file_id].path.parent / traj.grade_file
+        path = (self.files[file_id].path.parent / traj.grade_file).resolve()
+        if not path.is_relative_to(self.root):  # a record may name any path: serve none
+            return {"error": f"{traj.grade_file}: outside the run folder, not shown"}
         try:
             return finite(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as e:

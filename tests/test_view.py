@@ -185,6 +185,22 @@ def test_a_file_cut_back_by_a_resume_is_indexed_again(tmp_path: Path):
     assert fresh.rows == index.rows
 
 
+def test_a_rewritten_file_finds_parents_where_they_are_now(tmp_path: Path):
+    """A resume cuts the file back and appends other episodes, more than there were: the
+    ids the folder knows are those of the new rows, not of the old ones."""
+    path = tmp_path / "trajectories.jsonl"
+    write(path, episode("a_0"), episode("b_0"))
+    folder = RunFolder(tmp_path)
+    folder.refresh()
+    kept = path.read_bytes().splitlines(keepends=True)[:1]
+    path.write_bytes(b"".join(kept))
+    kid = episode("c_0~1-0", branch_of=BranchOf(trajectory_id="c_0", turn=1, purpose="value"))
+    write(path, episode("c_0"), kid, episode("d_0"))
+    folder.refresh()
+    assert folder.episode("train", 2)["parent"]["id"] == "c_0"
+    assert [b["id"] for b in folder.episode("train", 1)["branches"]] == ["c_0~1-0"]
+
+
 def test_an_unwritable_cache_keeps_the_index_in_memory(tmp_path: Path):
     path = tmp_path / "trajectories.jsonl"
     write(path, episode("a_0"), episode("b_0"))

@@ -91,7 +91,7 @@ class RunFolder:
         self._lock = threading.RLock()
         self._where: dict[str, tuple[str, int]] = {}  # trajectory id -> (file, row)
         self._children: dict[str, list[tuple[str, int]]] = {}  # parent id -> its branches
-        self._seen: dict[str, int] = {}  # rows of each file entered in the two maps
+        self._seen: dict[str, tuple[int, int]] = {}  # file -> (index generation, rows) mapped
         self._metrics: tuple[tuple[int, float], list[dict[str, Any]]] = ((-1, 0.0), [])
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._token_note: str | None = None
@@ -128,8 +128,6 @@ class RunFolder:
                 report = (
                     (lambda done, total, f=f: progress(f.label, done, total)) if progress else None
                 )
-                if len(f.index) < self._seen.get(f.id, 0):  # re-indexed: cut back
-                    self._forget(f.id)
                 f.index.refresh(report)
                 self._enter(f)
 
@@ -137,15 +135,20 @@ class RunFolder:
         self._where = {k: v for k, v in self._where.items() if v[0] != file_id}
         for key, kids in self._children.items():
             self._children[key] = [k for k in kids if k[0] != file_id]
-        self._seen[file_id] = 0
 
     def _enter(self, f: RunFile) -> None:
+        """Map the ids of `f`'s rows not mapped yet (all of them again when its index was
+        rebuilt: a resume cut the file back, and its rows are other episodes now)."""
+        generation, seen = self._seen.get(f.id, (f.index.generation, 0))
+        if generation != f.index.generation:
+            self._forget(f.id)
+            seen = 0
         at_id, at_parent = COLUMNS.index("id"), COLUMNS.index("branch_of")
-        for row in f.index.rows[self._seen.get(f.id, 0) :]:
+        for row in f.index.rows[seen:]:
             self._where.setdefault(row[at_id], (f.id, row[0]))
             if row[at_parent]:
                 self._children.setdefault(row[at_parent], []).append((f.id, row[0]))
-        self._seen[f.id] = len(f.index)
+        self._seen[f.id] = (f.index.generation, len(f.index))
 
     def _file(self, file_id: str) -> RunFile:
         f = self.files.get(file_id)

@@ -127,6 +127,7 @@ class EpisodeIndex:
         self.rows: list[list[Any]] = []
         self.end = 0  # bytes of the trajectory file indexed (always at a line's end)
         self.bad: dict[int, str] = {}  # row -> why its line could not be read
+        self.generation = 0  # counts the times the rows were dropped to be indexed again
         self._cached = 0  # bytes of the cache file read or written
         self._inode = 0  # the cache file they were read from
         self._writable = True
@@ -219,6 +220,7 @@ class EpisodeIndex:
             return False
 
     def _reset(self) -> None:
+        self.generation += 1
         self.offsets, self.lengths, self.crcs, self.rows = [], [], [], []
         self.bad, self.end, self._cached = {}, 0, 0
 

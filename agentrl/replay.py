@@ -32,7 +32,7 @@ from agentrl.runner import make_env, read_run_info
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, Task
 from agentrl.toolcall import act, close_all
-from agentrl.trajectory import Trajectory, TrajectoryStore, Turn
+from agentrl.trajectory import BRANCHES, Trajectory, TrajectoryStore, Turn, run_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from agentrl.tools.base import Tool
 
 log = logging.getLogger(__name__)
-
-BRANCHES = "branches.jsonl"
 
 
 class _Frozen(BaseModel):
@@ -74,13 +72,6 @@ class ReplayReport(_Frozen):
     @property
     def matched(self) -> bool:
         return self.divergence is None
-
-
-def run_files(run_dir: Path) -> list[Path]:
-    """The trajectory files of a run folder: training/run episodes, evaluations, branches."""
-    evals = sorted((run_dir / "eval").glob("step-*/trajectories.jsonl"))
-    files = [run_dir / "trajectories.jsonl", *evals]
-    return [f for f in [*files, run_dir / BRANCHES] if f.is_file()]
 
 
 def find_trajectory(run_dir: Path, trajectory_id: str) -> Trajectory:

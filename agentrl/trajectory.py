@@ -389,6 +389,17 @@ class Trajectory(_Strict):
             raise TrajectoryError(f"{prefix}{e.message}") from e
 
 
+BRANCHES = "branches.jsonl"
+"""Where `agentrl replay --policy` appends the branches of a run folder's episodes."""
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """The trajectory files of a run folder: training/run episodes, evaluations, branches."""
+    evals = sorted((run_dir / "eval").glob("step-*/trajectories.jsonl"))
+    files = [run_dir / "trajectories.jsonl", *evals]
+    return [f for f in [*files, run_dir / BRANCHES] if f.is_file()]
+
+
 def agent_counts(trajs: Sequence[Trajectory]) -> dict[str, int]:
     """Calls, edits and drift summed over the episodes external harnesses played."""
     played = [t.agent for t in trajs if t.agent is not None]

@@ -217,6 +217,7 @@ def screenshots(run: Path, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     from agentrl.view.folder import RunFolder
+    from agentrl.view.index import COLUMNS
     from agentrl.view.server import ViewServer
 
     folder = RunFolder(run)
@@ -231,9 +232,10 @@ def screenshots(run: Path, out: Path) -> None:
         page.wait_for_timeout(500)
         page.screenshot(path=str(out / "viewer-overview.png"))
         # An episode that was branched from: its tokens, its branches beside it.
-        at = [r for r in folder.files["train"].index.rows if r[15] is None]
-        parents = {r[15] for r in folder.files["train"].index.rows if r[15]}
-        row = next(r[0] for r in at if r[1] in parents)
+        rows = folder.files["train"].index.rows
+        of, ident = COLUMNS.index("branch_of"), COLUMNS.index("id")
+        parents = {r[of] for r in rows if r[of]}
+        row = next(r[0] for r in rows if r[of] is None and r[ident] in parents)
         page.goto(server.url + f"#/episode/train/{row}")
         page.wait_for_selector("#tokens span.tok.sampled")
         page.select_option("#tok-mode", "logprob")

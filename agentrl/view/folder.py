@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, TrajectoryError, first_line
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import BRANCHES, Trajectory, run_files
 from agentrl.view.index import COLUMNS, EpisodeIndex
 
 if TYPE_CHECKING:
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, int, int], None]
 """(what, done, total): how far indexing has got, in bytes."""
-
-BRANCHES = "branches.jsonl"  # replay.BRANCHES (not imported: replay pulls in the agent)
 
 
 @dataclass
@@ -109,15 +107,16 @@ class RunFolder:
 
     def _discover(self) -> None:
         """Add the trajectory files that exist now (an evaluation folder appears mid-run)."""
-        train = self.kind == "train"
-        found = [("train", "training episodes" if train else "episodes", "trajectories.jsonl")]
-        for step in sorted((self.root / "eval").glob("step-*/trajectories.jsonl")):
-            name = step.parent.name
-            found.append((f"eval-{name}", f"held-out eval, {name}", f"eval/{name}/{step.name}"))
-        found.append(("branches", "replay branches", BRANCHES))
-        for file_id, label, rel in found:
-            path = self.root / rel
-            if file_id not in self.files and path.is_file():
+        for path in run_files(self.root):
+            rel = path.relative_to(self.root)
+            if rel.name == BRANCHES:
+                file_id, label = "branches", "replay branches"
+            elif rel.parts[0] == "eval":
+                file_id, label = f"eval-{rel.parts[1]}", f"held-out eval, {rel.parts[1]}"
+            else:
+                file_id = "train"
+                label = "training episodes" if self.kind == "train" else "episodes"
+            if file_id not in self.files:
                 self.files[file_id] = RunFile(file_id, label, path, EpisodeIndex(path))
 
     def refresh(self, progress: Progress | None = None) -> None:

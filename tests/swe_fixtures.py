@@ -84,13 +84,17 @@ def swe_smith_row(
     }
 
 
-def remove_images(*tags: str) -> None:
-    """Remove images by repository name, children before their parents."""
+def remove_images(*names: str) -> None:
+    """Remove the tags of these repositories (`repo` or `repo:tag`), children first.
+
+    Only the named tags go: the build cache gives two tests' identical recipes one image id,
+    so removing every tag of a matched image would delete another test's image mid-run."""
     client = docker_client()
     try:
-        for name in tags:
+        for name in names:
             for image in client.images.list(name=name):
                 for tag in image.tags:  # untag: layers a failed build left stay dangling
-                    client.images.remove(tag)
+                    if tag == name or tag.rsplit(":", 1)[0] == name:
+                        client.images.remove(tag)
     finally:
         client.close()

@@ -14,6 +14,7 @@ from agentrl.sandbox.images import (
     ImageInfo,
     apt_mirror,
     build_image,
+    build_recipe,
     docker_client,
     recipe_hash,
     sandboxes_dir,
@@ -81,6 +82,17 @@ def test_unknown_recipe_lists_the_available_ones() -> None:
     assert "no-such-recipe" in str(caught.value)
     assert "base" in str(caught.value)
     assert "base" in caught.value.fix
+
+
+@pytest.mark.docker
+def test_a_recipe_from_a_vanished_image_id_says_so(tmp_path: Path) -> None:
+    """An image id cannot be pulled or debootstrapped: a base removed under a build is named
+    as gone, not sent to debootstrap (which failed with a message about bookworm)."""
+    (tmp_path / "Dockerfile").write_text("FROM sha256:" + "0" * 64 + "\nRUN true\n")
+    with pytest.raises(ImageBuildError) as caught:
+        build_recipe(tmp_path, "agentrl-test/vanished:latest")
+    assert "sha256:000000000000 which no longer exists" in str(caught.value).replace(",", "")
+    assert "debootstrap" not in str(caught.value)
 
 
 def test_a_dead_engine_is_one_line_with_a_fix(

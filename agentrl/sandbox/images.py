@@ -252,7 +252,15 @@ def _base_image(folder: Path) -> str:
 
 def _choose(client: docker.DockerClient, folder: Path, method: str) -> Method:
     base = _base_image(folder)
-    if method in ("auto", "dockerfile") and (_find(client, base) is not None or _pull(base)):
+    if method in ("auto", "dockerfile") and _find(client, base) is not None:
+        return "dockerfile"
+    if base.startswith("sha256:"):  # an image id: it cannot be pulled or debootstrapped
+        raise ImageBuildError(
+            f"{folder.name} builds FROM image {base[:19]}, which no longer exists "
+            "(removed while this build was starting?)",
+            fix="build again; if it recurs, find what removes images during builds",
+        )
+    if method in ("auto", "dockerfile") and _pull(base):
         return "dockerfile"
     if method == "dockerfile":
         raise ImageBuildError(

@@ -7,11 +7,14 @@ tests/test_view_browser.py."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -393,6 +396,23 @@ def test_the_routes_answer_json_and_bad_requests_say_what_is_wrong(tmp_path: Pat
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(server.url + "static/../folder.py", timeout=10)
         assert e.value.code == 404
+
+
+def test_a_page_closed_mid_request_is_a_log_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+):
+    write(tmp_path / "trajectories.jsonl", episode("a_0"))
+    caplog.set_level(logging.DEBUG, logger="agentrl.inference.httpd")
+    with ViewServer(RunFolder(tmp_path)) as server:
+        host, port = server.httpd.server_address[:2]
+        with socket.create_connection((str(host), port), timeout=10) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.sendall(b"GET /api/run HTTP/1.1\r\n")  # then a reset, not the rest
+        deadline = time.monotonic() + 10
+        while "went away" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "went away" in caplog.text and "ConnectionResetError" in caplog.text
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def _agentrl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -294,7 +294,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _handler(app))
 
     def handle_error(self, request: object, client_address: object) -> None:
-        _handle_error(client_address)
+        log_request_error(client_address)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
@@ -310,10 +310,12 @@ class _UnixServer(socketserver.ThreadingUnixStreamServer):
         super().__init__(path, _handler(app))
 
     def handle_error(self, request: object, client_address: object) -> None:
-        _handle_error(client_address)
+        log_request_error(client_address)
 
 
-def _handle_error(client_address: object) -> None:
+def log_request_error(client_address: object) -> None:
+    """A server's `handle_error`: a client that went away is a debug line, anything else an
+    error with its traceback in the log (the stdlib's default prints to stderr)."""
     error = sys.exc_info()[1]
     if isinstance(error, ConnectionError | TimeoutError):
         log.debug("client %s went away: %r", client_address, error)

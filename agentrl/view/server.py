@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.inference.httpd import log_request_error
 from agentrl.view.folder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,13 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        log_request_error(client_address)  # a page closed mid-request prints no traceback
+
+
 class ViewServer:
     """The viewer of one run folder, serving on `host:port` in a thread (`port` 0 picks
     a free one; `url` says which)."""
@@ -125,13 +133,12 @@ class ViewServer:
     def __init__(self, folder: RunFolder, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = type("Handler", (_Handler,), {"folder": folder})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = _Server((host, port), handler)
         except OSError as e:
             raise ConfigError(
                 f"cannot serve on {host}:{port}: {e.strerror or e}",
                 fix="pick another --port (0 picks a free one)",
             ) from None
-        self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
     @property

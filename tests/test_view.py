@@ -279,8 +279,10 @@ def test_an_episode_has_its_token_texts_grade_branches_and_replay_commands(tmp_p
     from agentrl.inference.embedded import load_tokenizer
 
     tok = load_tokenizer()
-    ids = tok.encode("ls -la\nok done")
+    ids = tok.encode("ls -la\nok done: café → 世界 🎉")
     n = len(ids)
+    alone = tok.batch_decode([[i] for i in ids])
+    assert sum("\ufffd" in t for t in alone) >= 3  # characters split across tokens
     parent = episode(
         "p_0",
         response_ids=ids,
@@ -316,6 +318,7 @@ def test_an_episode_has_its_token_texts_grade_branches_and_replay_commands(tmp_p
     assert page["token_note"] is None
     texts = page["tokens"][0]["response"]
     assert len(texts) == n and "".join(texts) == tok.decode(ids)
+    assert "\ufffd" not in "".join(texts) and "世" in texts and texts[-1] == " 🎉"
     assert page["grade"] == {"tests": {"t1": "PASSED"}}
     assert page["branches"] == [
         {

@@ -66,6 +66,36 @@ def matches(turns: list[dict[str, Any]], folded_query: str) -> bool:
     )
 
 
+SPLIT_TOKENS = 8
+"""The most tokens one character's bytes are looked for across (UTF-8 needs at most 4)."""
+
+
+def _whole_characters(
+    ids: list[int], texts: list[str], tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
+    """Per-token texts, with each character whose UTF-8 bytes are split across tokens made
+    whole: alone, each piece decodes to U+FFFD; the token that completes the character shows
+    it, the pieces before it show nothing (as an incremental detokenizer emits them). The
+    texts then join to the decode of the whole."""
+    out, i = list(texts), 0
+    while i < len(ids):
+        if "\ufffd" in out[i]:
+            for j in range(i + 1, min(i + SPLIT_TOKENS, len(ids))):
+                whole = str(
+                    tokenizer.decode(
+                        ids[i : j + 1],
+                        skip_special_tokens=False,
+                        clean_up_tokenization_spaces=False,
+                    )
+                )
+                if "\ufffd" not in whole:
+                    out[i : j + 1] = [""] * (j - i) + [whole]
+                    i = j
+                    break
+        i += 1
+    return out
+
+
 class RunFolder:
     """What `agentrl view` serves of one run folder (thread-safe)."""
 
@@ -367,11 +397,15 @@ class RunFolder:
                 )
                 self._texts.update(zip(missing, texts, strict=True))
             known = self._texts
+
+            def shown(ids: list[int]) -> list[str]:
+                return _whole_characters(ids, [known[i] for i in ids], tokenizer)
+
             return [
                 {
                     "reason": s.reason,
-                    "prompt": [known[i] for i in s.prompt_ids],
-                    "response": [known[i] for i in s.response_ids],
+                    "prompt": shown(s.prompt_ids),
+                    "response": shown(s.response_ids),
                 }
                 for s in ledgers
             ]

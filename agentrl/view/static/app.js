@@ -1584,7 +1584,8 @@
   }
 
   /* Token text as shown: newlines get a visible ↵ before the real line break, tabs a →,
-   * an empty decode a ∅ (so every token has something to hover). */
+   * an empty text a ∅ (so every token has something to hover). A token is empty when it
+   * holds the first bytes of a character that a later token completes (the server says so). */
   function tokenDisplay(text) {
     if (text === '') return '∅';
     return text.replace(/\r/g, '␍').replace(/\t/g, '→\t').replace(/\n/g, '↵\n');
@@ -1613,7 +1614,7 @@
       s.setAttribute('data-mask', m);
       s.setAttribute('data-lp', lps[i] === undefined ? '' : lps[i]);
       s.setAttribute('data-v', v === undefined ? '' : v);
-      const quoted = tx ? JSON.stringify(String(tx[i])) : '(text not decoded)';
+      const quoted = !tx ? '(text not decoded)' : text === '' ? '"" (no text alone: part of a later character)' : JSON.stringify(text);
       s.title = 'id ' + ids[i] + ' · ' + quoted + (m ? ' · logprob ' + (isNum(lps[i]) ? lps[i].toFixed(3) : '?') + ' · v' + v : ' · not sampled');
       s.textContent = tx ? tokenDisplay(text) : text;
       frag.appendChild(s);

@@ -356,11 +356,14 @@ class Trajectory(_Strict):
         return self.model_dump_json()
 
     @classmethod
-    def from_json(cls, line: str, *, where: str = "") -> Trajectory:
-        """Parse and check one JSON record; errors name `where` (file:line) and the field."""
+    def from_json(cls, line: str | bytes, *, where: str = "") -> Trajectory:
+        """Parse and check one JSON record (bytes must be UTF-8); errors name `where`
+        (file:line) and the field."""
         prefix = f"{where}: " if where else ""
         try:
-            raw = json.loads(line)
+            raw = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+        except UnicodeDecodeError as e:
+            raise TrajectoryError(f"{prefix}not UTF-8 (offset {e.start})") from None
         except json.JSONDecodeError as e:
             raise TrajectoryError(f"{prefix}not valid JSON ({e.msg} at column {e.colno})") from e
         except RecursionError:
@@ -472,11 +475,7 @@ class TrajectoryStore:
                     continue
                 where = f"{self.path}:{lineno}"
                 try:
-                    try:
-                        line = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise TrajectoryError(f"{where}: not UTF-8 (offset {e.start})") from None
-                    yield Trajectory.from_json(line, where=where)
+                    yield Trajectory.from_json(raw, where=where)
                 except TrajectoryError as e:
                     if raw.endswith(b"\n"):
                         raise

@@ -205,6 +205,11 @@ def test_bad_records_name_file_line_and_field(tmp_path: Path):
     path.write_text("{not json\n")
     with pytest.raises(TrajectoryError, match=r"t\.jsonl:1: not valid JSON"):
         list(TrajectoryStore(path).read())
+    path.write_bytes(
+        make().to_json().replace("ls", "l\udcffs").encode("utf-8", "surrogateescape") + b"\n"
+    )
+    with pytest.raises(TrajectoryError, match=r"t\.jsonl:1: not UTF-8 \(offset \d+\)"):
+        list(TrajectoryStore(path).read())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

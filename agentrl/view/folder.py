@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import ConfigError, TrajectoryError, first_line
+from agentrl.errors import ConfigError, first_line
 from agentrl.trajectory import BRANCHES, Trajectory, run_files
 from agentrl.view.index import COLUMNS, EpisodeIndex
 
@@ -291,11 +291,7 @@ class RunFolder:
                     fix="pick an episode from the table",
                 )
             raw = f.index.line(row)
-        where = f"{f.path}: row {row}"
-        try:
-            return Trajectory.from_json(raw.decode("utf-8"), where=where)
-        except UnicodeDecodeError as e:
-            raise TrajectoryError(f"{where}: not UTF-8 (offset {e.start})") from None
+        return Trajectory.from_json(raw, where=f"{f.path}: row {row}")
 
     def episode(self, file_id: str, row: int) -> dict[str, Any]:
         traj = self.trajectory(file_id, row)

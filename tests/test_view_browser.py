@@ -114,9 +114,12 @@ def test_filters_narrow_the_table_to_the_rows_that_match(page: Any, served: str,
     # Sorted by reward, descending: the first page is the best episodes.
     page.goto(served + "#/episodes?file=train")
     wait_count(page, len(trajs))
-    page.click("#episodes th[data-col=reward]")
-    page.click("#episodes th[data-col=reward]")
+    page.click("#episodes th[data-col=reward]")  # ascending, then descending from the keyboard
+    page.focus("#episodes th[data-col=reward]")
+    page.keyboard.press("Enter")
     page.wait_for_function("agentrlApp.state.list.sort === 'reward' && agentrlApp.state.list.desc")
+    sort = page.get_attribute("#episodes th[data-col=reward]", "aria-sort")
+    assert sort == "descending"
     keys = page.eval_on_selector_all("#episodes tbody tr", "rs => rs.map(r => r.dataset.key)")
     rewards = [trajs[int(k.split(":")[1])].reward for k in keys]
     assert rewards == sorted(rewards, reverse=True) and rewards[0] == 1.0

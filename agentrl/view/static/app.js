@@ -1088,8 +1088,16 @@
 
   function episodesTable() {
     const head = el('tr', null, TABLE_COLS.map((c) =>
-      el('th', {'data-col': c[0], class: NUM_COLS.has(c[0]) ? 'num sortable' : 'sortable', title: 'sort by ' + c[1]}, c[1])));
+      el('th', {'data-col': c[0], class: NUM_COLS.has(c[0]) ? 'num sortable' : 'sortable', title: 'sort by ' + c[1],
+        tabindex: '0', 'aria-sort': 'none'}, c[1])));
     const table = el('table', {id: 'episodes', class: 'data episodes'}, el('thead', null, head), el('tbody'));
+    // a header sorts on a click, or on Enter or Space when it has the keyboard focus
+    head.addEventListener('keydown', (e) => {
+      if ((e.key === 'Enter' || e.key === ' ') && e.target.closest('th[data-col]')) {
+        e.preventDefault();
+        e.target.click();
+      }
+    });
     head.addEventListener('click', (e) => {
       const th = e.target.closest('th[data-col]');
       if (!th) return;
@@ -1144,6 +1152,7 @@
       const col = th.getAttribute('data-col');
       th.classList.toggle('sorted', col === state.list.sort);
       th.classList.toggle('desc', col === state.list.sort && state.list.desc === '1');
+      th.setAttribute('aria-sort', col !== state.list.sort ? 'none' : state.list.desc === '1' ? 'descending' : 'ascending');
     });
     renderPage();
     updateNav();

@@ -16,6 +16,9 @@ measures, in the same run:
 - in Chromium (Playwright) against the real server, each from a new page: the overview
   drawn, the table showing all rows, a filter applied, a search over the whole file
   (server side), one episode's tokens shown.
+- `export`: `agentrl view --export` of a `--export-episodes` run (default 2,000: every
+  episode is written with its token texts, so a copy grows with the run): seconds and MB
+  per 1,000 episodes.
 
 Writes benchmarks/results/viewer.json.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -245,20 +249,43 @@ def screenshots(run: Path, out: Path) -> None:
         browser.close()
 
 
+def export_side(run: Path) -> dict[str, Any]:
+    from agentrl.view.export import export
+    from agentrl.view.folder import RunFolder
+
+    out = run.parent / f"{run.name}-export"
+    shutil.rmtree(out, ignore_errors=True)
+    folder = RunFolder(run)
+    folder.refresh()
+    folder.warm()
+    seconds, n = timed(lambda: export(folder, out))
+    mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
+    shutil.rmtree(out)
+    return {
+        "episodes": n,
+        "export_s": round(seconds, 1),
+        "export_mb": round(mb, 1),
+        "s_per_1000": round(seconds * 1000 / n, 1),
+        "mb_per_1000": round(mb * 1000 / n, 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=ROOT / "bench-results" / "viewer")
+    ap.add_argument("--export-episodes", type=int, default=2_000)
     ap.add_argument("--screenshots", type=Path, metavar="RUN_DIR")
     ap.add_argument("--images", type=Path, default=ROOT / "docs" / "images")
     args = ap.parse_args()
     if args.screenshots:
         screenshots(args.screenshots, args.images)
         return
-    run = args.dir / f"run-{args.episodes}"
-    if not run.exists():
-        seconds, _ = timed(lambda: generate(run, args.episodes))
-        print(f"generated {run} in {seconds:.0f} s", file=sys.stderr)
+    run, small = (args.dir / f"run-{n}" for n in (args.episodes, args.export_episodes))
+    for folder, n in ((run, args.episodes), (small, args.export_episodes)):
+        if not folder.exists():
+            seconds, _ = timed(lambda f=folder, n=n: generate(f, n))
+            print(f"generated {folder} in {seconds:.0f} s", file=sys.stderr)
     result: dict[str, Any] = {
         "command": "benchmarks/viewer.py",
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -267,6 +294,8 @@ def main() -> None:
     result["server"] = server_side(run)
     print(json.dumps(result["server"]), file=sys.stderr)
     result["browser"] = browser_side(run)
+    result["export"] = export_side(small)
+    print(json.dumps(result["export"]), file=sys.stderr)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

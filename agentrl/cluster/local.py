@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.sandbox.procs import pid_alive
+
+log = logging.getLogger(__name__)
 
 NODE_RESOURCE = "agentrl_node_"
 """Prefix of the custom resource that names a node (`agentrl_node_w1: 1`)."""
@@ -178,6 +181,9 @@ def _launch(folder: Path, node: Node, address: str, taken: list[int]) -> Node:
     ports["min-worker-port"] = _worker_range(node, taken)
     node = node.model_copy(update={"ports": ports, "log": str(folder / f"{node.name}.log")})
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+    # On SIGTERM a node would first drain for up to 30 s (for Ray Serve replicas, which a
+    # local cluster has none of); `down` stops the whole cluster, so it stops at once.
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     with Path(node.log).open("ab") as log:
         proc = subprocess.Popen(
             _command(node, address),
@@ -336,6 +342,8 @@ def down(folder: Path | None = None, *, grace: float = 10.0) -> int:
     deadline = time.monotonic() + grace
     while any(alive(n.pid) for n in running) and time.monotonic() < deadline:
         time.sleep(0.2)
+    if late := [n.name for n in running if alive(n.pid)]:
+        log.warning("node(s) %s still running %.0f s after SIGTERM: killed", late, grace)
     for node in state.nodes:
         _kill_group(node.pid, signal.SIGKILL)
     _state_file(folder).unlink(missing_ok=True)

@@ -464,3 +464,24 @@ def test_an_export_never_overwrites_and_never_leaves_half_a_copy(tmp_path: Path)
     assert "data/run.js" in (out / "index.html").read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     shutil.rmtree(out)
+
+
+def test_every_metric_the_page_charts_is_one_a_run_writes():
+    """The charts read metrics by name: each must be a field of the metrics records, or
+    one of the backend's flat train_step metrics as a real run wrote them (the shipped
+    run), so a renamed metric cannot leave a chart silently empty."""
+    import re
+
+    from agentrl.train.records import EvalRecord, TrainRecord
+
+    js = (Path(__file__).parent.parent / "agentrl" / "view" / "static" / "app.js").read_text()
+    charts = js[js.index("function chartSpecs(") : js.index("function agentFailures(")]
+    charts += js[js.index("function agentFailures(") :].split("\n  }\n", 1)[0]
+    read = set(re.findall(r"hasKey\(\w+, '(\w+)'\)", charts))
+    read |= set(re.findall(r"\br\.(\w+)", charts)) | set(re.findall(r"\['(\w+)', '", charts))
+    written = set(TrainRecord.model_fields) | set(EvalRecord.model_fields)
+    shipped = Path(__file__).parent.parent / "examples" / "runs" / "look-then-act-branch"
+    for line in (shipped / "metrics.jsonl").read_text().splitlines():
+        written |= set(json.loads(line))
+    assert {"loss", "lag_max", "clip_high_frac", "reward_ci95"} <= read  # the parse finds them
+    assert read <= written, sorted(read - written)

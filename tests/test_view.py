@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -427,6 +429,33 @@ def _agentrl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_the_cli_serves_a_run_and_stops_cleanly_on_ctrl_c(tmp_path: Path):
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent.parent / "examples/runs/look-then-act-branch", run)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "view", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        said = ""
+        while "Ctrl-C stops" not in said:
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=30)
+            said += line
+        found = re.search(r"http://127\.0\.0\.1:\d+/", said)
+        assert found, said
+        status, info = _get(found.group(0) + "api/run")
+        assert status == 200 and info["kind"] == "train" and info["files"][0]["rows"] == 196
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert (run / "trajectories.jsonl.index").is_file()  # the index stays for next time
+
+
 def test_the_cli_refuses_what_it_cannot_view_in_one_line(tmp_path: Path):
     for target, words in [
         (tmp_path / "nope", "no such run folder"),
@@ -470,8 +499,6 @@ def test_every_metric_the_page_charts_is_one_a_run_writes():
     """The charts read metrics by name: each must be a field of the metrics records, or
     one of the backend's flat train_step metrics as a real run wrote them (the shipped
     run), so a renamed metric cannot leave a chart silently empty."""
-    import re
-
     from agentrl.train.records import EvalRecord, TrainRecord
 
     js = (Path(__file__).parent.parent / "agentrl" / "view" / "static" / "app.js").read_text()

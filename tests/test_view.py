@@ -379,6 +379,7 @@ def test_the_routes_answer_json_and_bad_requests_say_what_is_wrong(tmp_path: Pat
     with ViewServer(folder) as server:
         status, run = _get(server.url + "api/run")
         assert status == 200 and run["kind"] == "run"
+        assert run["infra_stops"] == ["aborted", "eval_error", "sandbox_error"]  # the page's
         assert run["files"] == [
             {"id": "train", "label": "episodes", "path": "trajectories.jsonl", "rows": 2}
         ]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.trajectory import Trajectory, TrajectoryStore
+from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 from agentrl.view.export import export
 from agentrl.view.folder import RunFolder
 from agentrl.view.server import ViewServer
@@ -216,6 +216,24 @@ def test_a_run_in_progress_shows_a_new_episode_without_a_reload(
         store.append(newest.model_copy(update={"trajectory_id": "appended-later_0"}))
         wait_count(page, 2)
         assert page.evaluate("window.__agentrlLoads") == loads  # no reload happened
+        # An infrastructure failure is marked as such: the stop reasons come from the server.
+        lost = Trajectory(
+            trajectory_id="lost_0",
+            group_id="lost",
+            task=first.task,
+            prompt_ids=first.prompt_ids,
+            response_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            token_versions=[],
+            reward=None,
+            stop_reason=StopReason.sandbox_error,
+            error="the engine went away",
+        )
+        store.append(lost)
+        page.wait_for_function(f"agentrlApp.state.rows.train.length === {n + 3}")
+        page.goto(server.url + f"#/episode/train/{n + 2}")
+        page.wait_for_selector("#ep-header.infra .badge.infra")
         page.goto("about:blank")  # before its server goes
 
 

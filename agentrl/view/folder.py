@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, first_line
-from agentrl.trajectory import BRANCHES, Trajectory, run_files
+from agentrl.trajectory import BRANCHES, INFRA_STOP_REASONS, Trajectory, run_files
 from agentrl.view.index import COLUMNS, EpisodeIndex
 
 if TYPE_CHECKING:
@@ -244,6 +244,7 @@ class RunFolder:
             "metrics": self.metrics(),
             "summary": self._json("summary.json"),
             "stamp": stamp,
+            "infra_stops": sorted(INFRA_STOP_REASONS),  # the page's one list of them
         }
 
     def rows(self, file_id: str, since: int = 0) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.trajectory import INFRA_STOP_REASONS
+
 log = logging.getLogger(__name__)
 
 INDEX_VERSION = 1
@@ -55,7 +57,6 @@ COLUMNS = (
 """What the episodes table shows of each trajectory (the viewer's contract: one list per
 row, in this order)."""
 
-_INFRA = frozenset({"sandbox_error", "eval_error", "aborted"})
 _CHUNK = 1 << 22  # bytes read at a time while indexing
 
 
@@ -101,7 +102,7 @@ def summarize(row: int, data: dict[str, Any]) -> list[Any]:
         data.get("consumed_step"),
         reward,
         data.get("stop_reason"),
-        data.get("stop_reason") in _INFRA,
+        data.get("stop_reason") in INFRA_STOP_REASONS,
         sum(1 for t in turns if t.get("kind", "action") == "action"),
         tool_errors,
         sampled,

@@ -26,7 +26,7 @@
   const POLL_MS = 2000;
   const OBS_COLLAPSE_CHARS = 1500;                 // longer observations start collapsed
   const OBS_COLLAPSE_LINES = 30;
-  const INFRA_STOPS = new Set(['sandbox_error', 'eval_error', 'aborted']);
+  let INFRA_STOPS = new Set();                     // the server's list (/api/run infra_stops)
   const STOP_COLORS = {
     finished: '#1a7f37', max_turns: '#d4731b', context_limit: '#8250df',
     sampler_length: '#0969da', episode_timeout: '#9a6700', sandbox_error: '#6e7781',
@@ -1848,6 +1848,7 @@
   async function start() {
     try {
       state.run = await api.run();
+      INFRA_STOPS = new Set(state.run.infra_stops);
     } catch (e) {
       showError(e);
       clear($('#main'));

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, first_line
 from agentrl.trajectory import BRANCHES, INFRA_STOP_REASONS, Trajectory, run_files
-from agentrl.view.index import COLUMNS, EpisodeIndex
+from agentrl.view.index import COLUMNS, EpisodeIndex, record
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -264,17 +264,15 @@ class RunFolder:
         `query` (ASCII letters in any case; a live page asks only about new rows). Each
         line's raw JSON is tested first, as bytes: the JSON of a substring is a substring
         of the JSON, so only candidate lines are parsed."""
-        from agentrl.view.index import record
-
         folded = fold(query)
-        needle = json.dumps(folded, ensure_ascii=False)[1:-1].encode()
+        needle = json.dumps(folded, ensure_ascii=False)[1:-1].encode().lower()
         with self._lock:
             f = self._file(file_id)
             rows = list(range(max(since, 0), len(f.index)))
         hits = []
         if folded:
             for row, raw in f.index.lines(rows):
-                if needle.lower() in raw.lower():
+                if needle in raw.lower():
                     try:
                         data = record(raw)
                     except ValueError:

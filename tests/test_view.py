@@ -410,8 +410,8 @@ def test_a_page_closed_mid_request_is_a_log_line_not_a_traceback(
     write(tmp_path / "trajectories.jsonl", episode("a_0"))
     caplog.set_level(logging.DEBUG, logger="agentrl.inference.httpd")
     with ViewServer(RunFolder(tmp_path)) as server:
-        host, port = server.httpd.server_address[:2]
-        with socket.create_connection((str(host), port), timeout=10) as s:
+        host, port = server.url.removeprefix("http://").rstrip("/").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.sendall(b"GET /api/run HTTP/1.1\r\n")  # then a reset, not the rest
         deadline = time.monotonic() + 10
@@ -471,7 +471,7 @@ def test_the_cli_refuses_what_it_cannot_view_in_one_line(tmp_path: Path):
         busy.listen()
         port = busy.getsockname()[1]
         out = _agentrl("view", str(tmp_path), "--port", str(port))
-    assert out.returncode == 1 and f"cannot serve on 127.0.0.1:{port}" in out.stderr
+    assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "fix:" in out.stderr and "Traceback" not in out.stderr
 
 

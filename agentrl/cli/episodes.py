@@ -334,7 +334,7 @@ def view(args: argparse.Namespace) -> int:
         err_console.print(tag("note:", "yellow", f"anyone who can reach {args.host} can read it"))
     console.print(f"viewing {folder.root} at {server.url} (Ctrl-C stops)")
     try:
-        server.serve_forever()
+        threading.Event().wait()  # it serves on its own thread
     except KeyboardInterrupt:
         pass
     finally:

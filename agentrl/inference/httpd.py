@@ -123,6 +123,11 @@ class App:
         """This server's error body; `message` is one line."""
         return json_response({"error": message}, status)
 
+    def refused(self, e: AgentRLError) -> Response:
+        """The answer to a request that cannot be done (400); an app that shows its users
+        the error's `fix` too says so here."""
+        return self.error(400, one_line(e.message))
+
     def before(self, request: Request) -> None:
         """A check every request passes before its route runs (raise HTTPError to refuse)."""
 
@@ -142,7 +147,7 @@ class App:
         except HTTPError as e:
             return self.error(e.status, one_line(e.message))
         except AgentRLError as e:  # what the client asked for cannot be done
-            return self.error(400, one_line(e.message))
+            return self.refused(e)
         except Exception as e:  # the request boundary: one failed request, not a dead server
             log.exception("%s %s failed", request.method, request.path)
             return self.error(500, one_line(f"{type(e).__name__}: {e}"))
@@ -294,7 +299,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _handler(app))
 
     def handle_error(self, request: object, client_address: object) -> None:
-        log_request_error(client_address)
+        _handle_error(client_address)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
@@ -310,12 +315,12 @@ class _UnixServer(socketserver.ThreadingUnixStreamServer):
         super().__init__(path, _handler(app))
 
     def handle_error(self, request: object, client_address: object) -> None:
-        log_request_error(client_address)
+        _handle_error(client_address)
 
 
-def log_request_error(client_address: object) -> None:
-    """A server's `handle_error`: a client that went away is a debug line, anything else an
-    error with its traceback in the log (the stdlib's default prints to stderr)."""
+def _handle_error(client_address: object) -> None:
+    """The servers' `handle_error`: a client that went away is a debug line, anything else
+    an error with its traceback in the log (the stdlib's default prints to stderr)."""
     error = sys.exc_info()[1]
     if isinstance(error, ConnectionError | TimeoutError):
         log.debug("client %s went away: %r", client_address, error)

@@ -1,4 +1,6 @@
-"""`agentrl view`'s HTTP side: the standard library's threading server on 127.0.0.1.
+"""`agentrl view`'s HTTP side: an `App` on agentrl's own stdlib HTTP layer
+(`agentrl.inference.httpd`: keep-alive, bounded reads, a page that went away logged as a
+debug line), on 127.0.0.1.
 
     /                 the page (static/index.html)
     /static/<path>    its scripts, styles and the vendored chart library
@@ -14,156 +16,125 @@ Every /api answer is JSON; an error is `{"error": ..., "fix": ...}` with status 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import mimetypes
-import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.inference.httpd import log_request_error
+from agentrl.inference.httpd import App, Listener, Request, Response, Route
 from agentrl.view.folder import RunFolder
 
-log = logging.getLogger(__name__)
-
 STATIC = Path(__file__).parent / "static"
+NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _int(query: dict[str, list[str]], name: str, default: int | None = None) -> int:
-    values = query.get(name)
-    if not values:
+def _int(query: dict[str, str], name: str, default: int | None = None) -> int:
+    value = query.get(name)
+    if not value:
         if default is None:
             raise ConfigError(f"missing ?{name}=", fix=f"add {name}=N to the request")
         return default
     try:
-        return int(values[0])
+        return int(value)
     except ValueError:
-        raise ConfigError(f"?{name}={values[0]!r} is not an integer", fix=f"{name}=N") from None
+        raise ConfigError(f"?{name}={value!r} is not an integer", fix=f"{name}=N") from None
 
 
-def _str(query: dict[str, list[str]], name: str) -> str:
-    values = query.get(name)
-    if not values:
+def _str(query: dict[str, str], name: str) -> str:
+    value = query.get(name)
+    if not value:
         raise ConfigError(f"missing ?{name}=", fix=f"add {name}=... to the request")
-    return values[0]
+    return value
 
 
-def answer(folder: RunFolder, route: str, query: dict[str, list[str]]) -> Any:
-    """The JSON body of one /api route."""
-    if route == "run":
-        return folder.run()
-    if route == "rows":
-        return folder.rows(_str(query, "file"), _int(query, "since", 0))
-    if route == "search":
-        return folder.search(_str(query, "file"), query.get("q", [""])[0], _int(query, "since", 0))
-    if route == "episode":
-        return folder.episode(_str(query, "file"), _int(query, "row"))
-    if route == "stamp":
-        return folder.stamp()
-    raise ConfigError(f"no such route /api/{route}", fix="see agentrl/view/server.py")
+def _json(body: Any, status: int = 200) -> Response:
+    data = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
+    return Response(status, data, "application/json; charset=utf-8", NO_STORE)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    folder: RunFolder  # set on the subclass `serve` makes
-    server_version = "agentrl-view"
+class ViewApp(App):
+    """The viewer's routes over one run folder."""
 
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path.startswith("/api/"):
-            self._api(url.path.removeprefix("/api/"), parse_qs(url.query))
-        elif url.path in ("/", "/index.html"):
-            self._file(STATIC / "index.html")
-        elif url.path.startswith("/static/"):
-            self._file(STATIC / url.path.removeprefix("/static/"))
-        else:
-            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+    name = "agentrl-view"
 
-    def _api(self, route: str, query: dict[str, list[str]]) -> None:
-        try:
-            status, body = HTTPStatus.OK, answer(self.folder, route, query)
-        except AgentRLError as e:
-            status, body = HTTPStatus.BAD_REQUEST, {"error": e.message, "fix": e.fix}
-        except Exception as e:  # a bug: logged whole, answered in one line
-            log.exception("GET %s", self.path)
-            status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": repr(e), "fix": None}
-        data = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
-        self._send(status, data, "application/json")
+    def __init__(self, folder: RunFolder) -> None:
+        super().__init__()
+        self.folder = folder
+        api = {
+            "run": self._run,
+            "rows": self._rows,
+            "search": self._search,
+            "episode": self._episode,
+            "stamp": self._stamp,
+            "{route}": self._no_route,  # tried after the exact paths
+        }
+        self.routes = {("GET", f"/api/{name}"): Route(call) for name, call in api.items()}
+        for path in ("/", "/index.html"):
+            self.routes[("GET", path)] = Route(self._page)
+        for pattern in ("/static/{a}", "/static/{a}/{b}"):  # app.js, vendor/uPlot.iife.min.js
+            self.routes[("GET", pattern)] = Route(self._static)
 
-    def _file(self, path: Path) -> None:
-        try:
-            resolved = path.resolve()
-            resolved.relative_to(STATIC.resolve())  # nothing outside static/
-            data = resolved.read_bytes()
-        except (ValueError, OSError):
-            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
-            return
-        kind = mimetypes.guess_type(resolved.name)[0] or "application/octet-stream"
-        self._send(HTTPStatus.OK, data, kind)
+    def _run(self, r: Request, _: None) -> Response:
+        return _json(self.folder.run())
 
-    def _send(self, status: HTTPStatus, data: bytes, kind: str) -> None:
-        self.send_response(status)
-        textual = kind.startswith("text/") or kind == "application/json"
-        self.send_header("Content-Type", f"{kind}; charset=utf-8" if textual else kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(data)  # (or the page went away mid-answer)
+    def _rows(self, r: Request, _: None) -> Response:
+        return _json(self.folder.rows(_str(r.query, "file"), _int(r.query, "since", 0)))
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    def _search(self, r: Request, _: None) -> Response:
+        file, since = _str(r.query, "file"), _int(r.query, "since", 0)
+        return _json(self.folder.search(file, r.query.get("q", ""), since))
+
+    def _episode(self, r: Request, _: None) -> Response:
+        return _json(self.folder.episode(_str(r.query, "file"), _int(r.query, "row")))
+
+    def _stamp(self, r: Request, _: None) -> Response:
+        return _json(self.folder.stamp())
+
+    def _no_route(self, r: Request, _: None) -> Response:
+        raise ConfigError(
+            f"no such route /api/{r.params['route']}", fix="see agentrl/view/server.py"
+        )
+
+    def _page(self, r: Request, _: None) -> Response:
+        return _static_file(STATIC / "index.html")
+
+    def _static(self, r: Request, _: None) -> Response:
+        return _static_file(STATIC.joinpath(*r.params.values()))
+
+    def error(self, status: int, message: str) -> Response:
+        return _json({"error": message, "fix": None}, status)
+
+    def refused(self, e: AgentRLError) -> Response:
+        return _json({"error": e.message, "fix": e.fix}, 400)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        log_request_error(client_address)  # a page closed mid-request prints no traceback
+def _static_file(path: Path) -> Response:
+    """A file of static/ (nothing outside it), or 404."""
+    try:
+        resolved = path.resolve()
+        resolved.relative_to(STATIC.resolve())
+        data = resolved.read_bytes()
+    except (ValueError, OSError):
+        return Response(404, b"not found\n", "text/plain; charset=utf-8", NO_STORE)
+    kind = mimetypes.guess_type(resolved.name)[0] or "application/octet-stream"
+    textual = kind.startswith("text/") or kind == "application/json"
+    return Response(200, data, f"{kind}; charset=utf-8" if textual else kind, NO_STORE)
 
 
 class ViewServer:
-    """The viewer of one run folder, serving on `host:port` in a thread (`port` 0 picks
-    a free one; `url` says which)."""
+    """The viewer of one run folder, serving on `host:port` in a thread from the moment it
+    is made (`port` 0 picks a free one; `url` says which)."""
 
     def __init__(self, folder: RunFolder, host: str = "127.0.0.1", port: int = 0) -> None:
-        handler = type("Handler", (_Handler,), {"folder": folder})
-        try:
-            self.httpd = _Server((host, port), handler)
-        except OSError as e:
-            raise ConfigError(
-                f"cannot serve on {host}:{port}: {e.strerror or e}",
-                fix="pick another --port (0 picks a free one)",
-            ) from None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}/"
-
-    def start(self) -> ViewServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="agentrl-view")
-        self._thread.daemon = True
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        self._listener = Listener(ViewApp(folder), host, port)
+        self.url = self._listener.url + "/"
 
     def close(self) -> None:
-        if self._thread is not None:
-            self.httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self.httpd.server_close()
+        self._listener.close()
 
     def __enter__(self) -> ViewServer:
-        return self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -171,10 +171,10 @@ def test_a_no_op_agent_cannot_fake_terminal_bench_tests(name: str, run_id: str) 
     assert sealed.reward == 0.0, sealed.evidence.output
     assert sealed.evidence.tests  # the real tests ran, and failed
     assert sealed.evidence.sealed is not None
-    if name in ("setsid rewriter", "delayed writer"):
-        assert any("sh -c" in p for p in sealed.evidence.sealed.stopped)
+    if name in ("setsid rewriter", "delayed writer"):  # left in the agent's own container
+        assert any("sh -c" in note for note in sealed.evidence.sealed.notes)
     if name in ("conftest.py and pytest.ini at /", "sitecustomize", "python3 replaced"):
-        assert sealed.evidence.sealed.restored, "the protected paths were put back"
+        assert sealed.evidence.sealed.restored, "the agent's changes were left out"
 
 
 @pytest.mark.slow
@@ -293,7 +293,7 @@ def _yaml_task(folder: Path, grader: dict[str, object]) -> Task:
 
 def test_a_grader_that_cannot_run_its_tests_is_never_a_reward(tmp_path: Path, run_id: str) -> None:
     """A missing test runner (127) is an eval_error: the untouched sandbox cannot run it
-    either. The same tests stopped by the agent (it deleted pytest) are the agent's 0."""
+    either. The agent deleting pytest stops nothing: the grader runs the image's."""
     missing = _yaml_task(tmp_path / "missing", {"type": "command", "command": "no-such-runner"})
     (tmp_path / "runs" / "tests").mkdir(parents=True)
     test = "def test_x():\n    assert open('/work/done').read() == 'yes'\n"
@@ -329,9 +329,10 @@ def test_a_grader_that_cannot_run_its_tests_is_never_a_reward(tmp_path: Path, ru
     assert isinstance(error, DidNotRun)
     assert "exit 127" in str(error) and "in an untouched sandbox too" in str(error)
     assert error.evidence.reference and error.evidence.exit_code == 127
-    assert broke.reward == 0.0 and broke.components["tests_ran"] is False
-    assert broke.evidence.reference
-    assert "the agent's changes stopped them" in broke.evidence.reference
+    # pytest, deleted by the agent outside its outputs, is graded as the image has it.
+    assert broke.reward == 0.0 and broke.evidence.tests == {"tests/test_x.py::test_x": "FAILED"}
+    assert broke.evidence.sealed is not None
+    assert "/usr/lib/python3/dist-packages/_pytest (deleted)" in broke.evidence.sealed.restored
     assert honest.reward == 1.0, honest.evidence.output
 
 
@@ -406,9 +407,11 @@ def test_grading_may_have_a_network_the_agent_never_had(
 def test_a_sandbox_restored_from_a_snapshot_is_sealed_against_the_original_image(
     run_id: str,
 ) -> None:
-    """A protected path changed before a snapshot is still put back when a sandbox restored
-    from that snapshot (a branch, a replay) is graded: the snapshot carries it."""
+    """A change made before a snapshot is still left out when a sandbox restored from that
+    snapshot (a branch, a replay) is graded: the grading copy starts from the original
+    image, and the snapshot's layers count as the agent's changes."""
     from agentrl.sandbox.base import SandboxSpec
+    from agentrl.sandbox.seal import GradeScope
 
     async def go() -> tuple[list[str], str]:
         provider = DockerProvider(reap_at_start=False)
@@ -421,9 +424,10 @@ def test_a_sandbox_restored_from_a_snapshot_is_sealed_against_the_original_image
             await first.close()
         restored = await provider.restore(snapshot, spec)
         try:
-            await _sh(restored, "echo planted > /conftest.py")  # after it
-            sealed = await restored.seal()
-            shown = await restored.exec(ExecRequest(command="ls /conftest.py /usr/local/bin; true"))
+            await _sh(restored, "echo planted > /conftest.py; echo kept > /workspace/out")
+            sealed = await restored.seal(GradeScope(outputs=("/workspace",)))
+            ls = "ls /conftest.py /usr/local/bin; cat /workspace/out; true"
+            shown = await restored.exec(ExecRequest(command=ls))
         finally:
             await restored.close()
             await provider.remove_snapshot(snapshot)
@@ -431,72 +435,7 @@ def test_a_sandbox_restored_from_a_snapshot_is_sealed_against_the_original_image
 
     restored, shown = asyncio.run(go())
     assert sorted(restored) == ["/conftest.py (added)", "/usr/local/bin/python3 (added)"]
-    assert "python3" not in shown and "No such file" in shown
-
-
-@pytest.mark.parametrize(
-    ("path", "protected"),
-    [
-        ("/usr/bin/python3", True),
-        ("/usr/local/bin/python3.13", True),
-        ("/usr/local/bin/pytest", True),
-        ("/root/.local/bin/uv", True),  # on the image's PATH below
-        ("/etc/python3.11/sitecustomize.py", True),
-        ("/app/.venv/lib/python3.13/site-packages/usercustomize.py", True),
-        ("/pytest.ini", True),
-        ("/etc/ld.so.preload", True),
-        ("/usr/bin/gcc", False),
-        ("/app/.venv/bin/python", False),  # the agent's own venv is its work
-        ("/app/conftest.py", False),  # a project's own, below the tests' rootdir
-        ("/usr/local/lib/python3.13/site-packages/numpy/__init__.py", False),
-    ],
-)
-def test_protected_paths(path: str, protected: bool) -> None:
-    from agentrl.sandbox.seal import is_protected, path_dirs
-
-    dirs = path_dirs(["HOME=/root", "PATH=/root/.local/bin:/usr/local/bin:/usr/bin:/bin"])
-    assert is_protected(path, dirs) is protected
-
-
-def test_a_collection_error_is_the_agents_only_if_the_reference_solution_collects(
-    tmp_path: Path, run_id: str
-) -> None:
-    """Tests that import the module the agent was to write fail to collect when it wrote
-    nothing: the reference solution's sandbox collects them, so that is the agent's 0.
-    Tests that import what no sandbox has fail to collect everywhere: an eval_error."""
-    tests = {
-        "agents": "from mod import f\n\n\ndef test_f():\n    assert f() == 1\n",
-        "nobodys": "import no_such_package\n\n\ndef test_f():\n    assert True\n",
-    }
-    tasks = {}
-    for name, text in tests.items():
-        (tmp_path / name / "tests").mkdir(parents=True)
-        (tmp_path / name / "tests" / "test_x.py").write_text(text)
-        grader = {"type": "pytest", "fail_to_pass": ["tests/test_x.py::test_f"], "pass_to_pass": []}
-        task = _yaml_task(tmp_path / name, {**grader, "files": {"tests": "tests"}})
-        spec = task.spec.model_copy(
-            update={"oracle": ["printf 'def f():\\n    return 1\\n' > mod.py"]}
-        )
-        tasks[name] = task.model_copy(update={"spec": spec})
-
-    async def go(task: Task) -> Grade | GraderError:
-        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
-        sandbox = await env.init(task.instances[0], "collect")
-        try:
-            return await env.evaluate(sandbox, task.instances[0])
-        except GraderError as e:
-            return e
-        finally:
-            await sandbox.close()
-
-    agents, nobodys = asyncio.run(go(tasks["agents"])), asyncio.run(go(tasks["nobodys"]))
-    assert isinstance(agents, Grade) and agents.reward == 0.0
-    assert agents.evidence.reference and agents.evidence.reference.startswith(
-        "with the reference solution the tests ran (reward 1"
-    )
-    assert isinstance(nobodys, DidNotRun)
-    assert "pytest could not collect" in str(nobodys)
-    assert "with the reference solution too" in str(nobodys)
+    assert "python3" not in shown and "No such file" in shown and "kept" in shown
 
 
 def test_a_pytest_earlier_on_path_cannot_pass_for_the_real_one(tmp_path: Path, run_id: str) -> None:
@@ -535,14 +474,16 @@ def test_a_pytest_earlier_on_path_cannot_pass_for_the_real_one(tmp_path: Path, r
     ]
 
 
-def test_changes_read_from_the_upper_layer_are_what_docker_diff_says(run_id: str) -> None:
-    """Sealing reads the container's overlay upper layer on this machine (fast) instead of
-    asking the engine for `docker diff` (0.4 s here): the same paths and kinds, and a link
-    to / the agent made is not followed."""
+def test_changes_read_from_the_overlay_layers_are_what_docker_diff_says(run_id: str) -> None:
+    """EVAL reads the container's overlay layers on this machine (fast) instead of asking
+    the engine for `docker diff` (0.4 s here): the same paths and kinds, less the engine's
+    own mount points, and a link to / the agent made is not followed."""
     from agentrl.sandbox.base import SandboxSpec
-    from agentrl.sandbox.docker.host import _KINDS, _upper_changes
+    from agentrl.sandbox.docker.grading import ENGINE_PATHS, origin_and_changes
 
-    async def go() -> tuple[set[tuple[str, str]], set[tuple[str, str]] | None]:
+    kinds = {0: "changed", 1: "added", 2: "deleted"}
+
+    async def go() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         sandbox = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))
         try:
             script = (
@@ -551,14 +492,16 @@ def test_changes_read_from_the_upper_layer_are_what_docker_diff_says(run_id: str
             )
             await _sh(sandbox, script)
             api = sandbox._api  # the engine's view, to compare with
-            info = api.inspect_container(sandbox.id)
-            engine = {(e["Path"], _KINDS[e["Kind"]]) for e in api.diff(sandbox.id)}
-            ours = _upper_changes(info)
-            return engine, None if ours is None else set(ours)
+            engine = {(e["Path"], kinds[e["Kind"]]) for e in api.diff(sandbox.id)}
+            _, ours, note = origin_and_changes(api, sandbox.id)
+            assert note is None, "the overlay layers are readable on this machine"
+            return engine, {(c.path, c.kind) for c in ours}
         finally:
             await sandbox.close()
 
     engine, ours = asyncio.run(go())
-    assert ours is not None, "the overlay upper layer is readable on this machine"
-    assert ours == engine
+    mine = {
+        (p, k) for p, k in engine if not any(p == e or p.startswith(e + "/") for e in ENGINE_PATHS)
+    }
+    assert ours == mine
     assert ("/usr/bin/cmp", "deleted") in ours and ("/root/everything", "added") in ours

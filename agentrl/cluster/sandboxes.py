@@ -34,6 +34,7 @@ from agentrl.sandbox.base import (
     Sealed,
     Shell,
 )
+from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import build_tools
 from agentrl.tasks.graders import Grade
 from agentrl.tasks.spec import Instance, Task
@@ -222,8 +223,8 @@ class RaySandbox:
         self.fleet.snapshots[snapshot_id] = self.worker  # restore and removal go there
         return snapshot_id
 
-    async def seal(self) -> Sealed:
-        sealed: Sealed = await self.worker.call("seal", self.id)
+    async def seal(self, scope: GradeScope) -> Sealed:
+        sealed: Sealed = await self.worker.call("seal", self.id, scope)
         return sealed
 
     async def connect_network(self, name: str) -> None:

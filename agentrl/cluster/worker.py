@@ -24,6 +24,7 @@ from agentrl.sandbox.base import (
     SandboxSpec,
     Sealed,
 )
+from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import TaskEnv, build_tools
 from agentrl.tasks.graders import Grade
 from agentrl.tasks.spec import Instance, Task
@@ -138,8 +139,8 @@ class SandboxWorker:
     async def snapshot(self, sandbox_id: str, label: str) -> str:
         return await self._take(sandbox_id).sandbox.snapshot(label)
 
-    async def seal(self, sandbox_id: str) -> Sealed:
-        return await self._take(sandbox_id).sandbox.seal()
+    async def seal(self, sandbox_id: str, scope: GradeScope) -> Sealed:
+        return await self._take(sandbox_id).sandbox.seal(scope)
 
     async def connect_network(self, sandbox_id: str, name: str) -> None:
         await self._take(sandbox_id).sandbox.connect_network(name)

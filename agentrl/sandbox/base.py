@@ -12,6 +12,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.sandbox.seal import GradeScope
+
 OUTPUT_KEEP_BYTES = 1 << 20
 """`exec` keeps this many bytes of output from the start and as many from the end."""
 ELISION = "\n[... {n} bytes elided ...]\n"
@@ -70,15 +72,26 @@ class ExecResult(_Model):
 
 
 class Sealed(_Model):
-    """What `Sandbox.seal` did so that nothing the agent left behind can touch the grade."""
+    """What `Sandbox.seal` did so that nothing the agent left behind but its outputs can
+    touch the grade (`agentrl.sandbox.seal`)."""
 
     stopped: list[str] = Field(
         default_factory=list, description="processes stopped, as 'pid command line'"
     )
     restored: list[str] = Field(
         default_factory=list,
-        description="protected paths put back as the image has them, as 'path (added|changed"
-        "|deleted)'",
+        description="what the agent changed outside the task's outputs, graded as the image "
+        "has it, as 'path (added|changed|deleted|replaced)'",
+    )
+    kept: list[str] = Field(
+        default_factory=list,
+        description="what the agent changed inside the outputs, carried into grading as it "
+        "left it, as 'path (kind)'",
+    )
+    dropped: list[str] = Field(
+        default_factory=list,
+        description="changes inside the outputs not carried, because the grader's own process "
+        "would run or read them, as 'path: why'",
     )
     notes: list[str] = Field(default_factory=list, description="anything a person should know")
 
@@ -172,11 +185,10 @@ class Sandbox(Protocol):
         """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes."""
         ...
 
-    async def seal(self) -> Sealed:
-        """Before grading: stop every process the agent left (the sandbox's own keep-alive
-        excepted), then put each protected path it changed (`agentrl.sandbox.seal`: the
-        interpreters, test runners and shells on the image's PATH, Python's startup hooks,
-        pytest configuration above the tests) back as the image has it."""
+    async def seal(self, scope: GradeScope) -> Sealed:
+        """Before grading: from now on the sandbox is its grading copy, holding only the
+        agent's changes under `scope`'s outputs (`agentrl.sandbox.seal`); no agent process
+        can act on the copy's files or processes."""
         ...
 
     async def connect_network(self, name: str) -> None:

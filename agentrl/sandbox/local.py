@@ -36,6 +36,7 @@ from agentrl.sandbox.base import (
     Usage,
 )
 from agentrl.sandbox.procs import ExitBackstop, count_marked, kill_marked, kill_session, tree_bytes
+from agentrl.sandbox.seal import GradeScope
 from agentrl.sandbox.shell import PtyShell
 
 log = logging.getLogger(__name__)
@@ -253,12 +254,13 @@ class LocalSandbox:
             raise
         return snapshot_id
 
-    async def seal(self) -> Sealed:
+    async def seal(self, scope: GradeScope) -> Sealed:
         """Stop every process that carries this sandbox's marker in its environment (setsid,
         nohup and disowned ones too; one that cleared its environment escapes: there is
-        no isolation here). Nothing is restored: there is no image to restore from."""
+        no isolation here). Nothing else: there is no image to grade a copy from, so the
+        local provider is no defence against an agent that games its grader."""
         stopped = await self.stop_processes()
-        notes = ["local provider: no isolation, protected paths are not restored"]
+        notes = ["local provider: no isolation; the grader saw everything the agent changed"]
         return Sealed(stopped=stopped, notes=notes)
 
     async def stop_processes(self) -> list[str]:

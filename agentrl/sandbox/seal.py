@@ -1,59 +1,156 @@
-"""What an agent may not leave behind for its grader: the protected paths.
+"""What a grader may see of an agent's work: its outputs, and nothing else it changed.
 
-Terminal-Bench-style tests grade the sandbox the agent worked in (they check the state
-it left), so whatever those tests execute implicitly must be as the image had it, or
-the agent could grade itself. `Sandbox.seal()` first stops every process the agent
-left, then puts each protected path the agent added, changed or deleted back as the
-image has it. Protected are:
+The threat: a policy that cannot solve its task can still earn reward by changing what the
+grader's own process executes or reads (the interpreter, its standard library and caches,
+the test runner, its plugins and configuration, the shell, package managers' config,
+agentrl's runtime), or by leaving a process that edits the tests once they are in. A list
+of protected names always misses one path, so the grader is given the agent's work the
+other way round: EVAL grades in a sandbox started fresh from the task's image (no agent
+process exists there), into which only the agent's changes under the task's **outputs**
+are carried. Outputs are the working directory, the paths the task's tests name, and the
+paths the task declares (`grader.outputs`); everything else the agent added, changed or
+deleted is simply not there, and the evidence lists it.
 
-- the interpreters, test runners, shells and the few tools a test command runs, by
-  name, in the directories of the image's PATH (`python3`, `pytest`, `uv`, `bash`, ...);
-- Python's startup hooks anywhere (`sitecustomize.py`, `usercustomize.py`, their `.pyc`);
-- pytest configuration at the filesystem root, where a test run in `/tests` would
-  find it (`/conftest.py`, `/pytest.ini`, ...);
-- `/etc/ld.so.preload`, which would load a library into every process.
+Inside the outputs, what the grader's process would still run implicitly is dropped too,
+decided from what the agent changed (`drop_reason`):
+- Python's startup code: `sitecustomize`/`usercustomize` modules, and the lines of an
+  agent-written `.pth` file that Python executes (`import ...`); its path lines stay, so an
+  editable install still imports;
+- pytest's configuration and `conftest.py` where a run of the task's tests looks for them
+  (the test folders and every folder above them);
+- a module added to the test command's working directory under the name of a module the
+  image's Python has (`python -m pytest` puts that directory first on the path).
 
-What is not protected, and why: packages the agent installs (site-packages; tasks ask
-for that), `.pth` files (pip writes them for editable installs), and a Python project
-the agent creates in its workdir, which a test bootstrap such as `uv init; uv run` then
-installs. A grader that must not trust any of that grades a copy of the work in a fresh
-sandbox instead, as the SWE-bench grader does with the agent's patch.
+This module holds the rules (no engine); `docker/grading.py` applies them.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
-DEFAULT_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-RUNNER_NAMES = (
-    *("python", "python[0-9]*", "pip", "pip[0-9]*", "pytest", "pytest-[0-9]*", "py.test"),
-    *("uv", "uvx", "bash", "sh", "dash", "env", "timeout", "tee", "cat", "rm", "cp", "mv"),
-    *("mkdir", "chmod", "chown", "ls", "git", "patch", "kill", "ps"),
-)
-"""Names, in the image's PATH directories, that test commands run."""
-HOOK_NAMES = ("sitecustomize.py", "usercustomize.py", "sitecustomize.pyc", "usercustomize.pyc")
+from pydantic import BaseModel, ConfigDict, Field
+
+HOOK_NAMES = ("sitecustomize", "usercustomize")
 """Modules Python imports at startup from anywhere on its path."""
-ROOT_FILES = (
-    *("/conftest.py", "/pytest.ini", "/.pytest.ini", "/pyproject.toml", "/tox.ini"),
-    *("/setup.cfg", "/etc/ld.so.preload"),
+RUNNER_CONFIG = (
+    *("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml"),
+    *("tox.ini", "setup.cfg", "pyproject.toml"),
 )
+"""Files pytest reads as configuration or plugins in the folders it looks in."""
+RUNTIME_ROOTS = (
+    *("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.preload"),
+    *("/proc", "/sys", "/dev", "/tests", "/logs", "/opt/agentrl-eval"),
+)
+"""Where a path named by a task's tests is never taken as an output: the runtime itself
+(a task that wants one of these judged declares it in `grader.outputs`)."""
+_NAMED = re.compile(r"""["'`](/(?:[A-Za-z0-9_.@+-]+/?)+)["'`]""")
+_HOME = re.compile(r"""["'`]~/([A-Za-z0-9_.@+/-]+)["'`]""")
 
 
-def is_protected(path: str, path_dirs: Sequence[str] = DEFAULT_PATH_DIRS) -> bool:
-    """Whether the grader needs `path` (absolute, in the sandbox) as the image had it."""
-    path = posixpath.normpath(path)
-    parent, name = posixpath.split(path)
-    if path in ROOT_FILES or name in HOOK_NAMES:
-        return True
-    return parent in path_dirs and any(fnmatchcase(name, pattern) for pattern in RUNNER_NAMES)
+class GradeScope(BaseModel):
+    """What of a sandbox the grader is meant to examine (picklable; crosses to sandbox workers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    outputs: tuple[str, ...] = Field(
+        description="absolute paths (or glob patterns) whose changes the grader sees as the "
+        "agent left them; everything else the agent changed is put back as the image had it"
+    )
+    tests: tuple[str, ...] = Field(
+        default=(), description="folders the grader's tests are copied into (absolute)"
+    )
+    lookup: tuple[str, ...] = Field(
+        default=(),
+        description="folders a test run starts looking for its configuration in (the test "
+        "folders, and those holding single test files); default: `tests`",
+    )
+    cwd: str = Field(default="/", description="the test command's working directory")
+    network: str | None = Field(
+        default=None,
+        description="a Docker network the grading copy joins (grading online); None: it "
+        "shares the agent's container's loopback, so the agent's services stay reachable",
+    )
+
+    def covers(self, path: str) -> bool:
+        """Whether `path` (absolute) lies in an output, and not in a test folder."""
+        if any(_within(path, folder) for folder in self.tests):
+            return False
+        return any(_within(path, out) or _matches(path, out) for out in self.outputs)
 
 
-def path_dirs(env: Sequence[str] | None) -> tuple[str, ...]:
-    """The directories of PATH in an image's `Env` list (the usual ones when unset)."""
-    for entry in env or ():
-        if entry.startswith("PATH="):
-            dirs = [posixpath.normpath(d) for d in entry[5:].split(":") if d.startswith("/")]
-            return tuple(dict.fromkeys([*dirs, *DEFAULT_PATH_DIRS]))
-    return DEFAULT_PATH_DIRS
+def scope_for(
+    workdir: str, declared: Iterable[str], test_texts: Iterable[str], tests: Iterable[str]
+) -> GradeScope:
+    """The scope of a task: its workdir, what it declares, and the paths its tests name."""
+    named = [p for text in test_texts for p in named_paths(text)]
+    outputs = dict.fromkeys([posixpath.normpath(workdir), *declared, *named])
+    return GradeScope(
+        outputs=tuple(outputs), tests=tuple(posixpath.normpath(t) for t in tests), cwd=workdir
+    )
+
+
+def named_paths(text: str, home: str = "/root") -> list[str]:
+    """Absolute paths a test file or script names as string literals (`~/x` as home's),
+    except the runtime's own (`RUNTIME_ROOTS`) and the root itself."""
+    found = [m.group(1).rstrip("/") for m in _NAMED.finditer(text)]
+    found += [posixpath.join(home, m.group(1).rstrip("/")) for m in _HOME.finditer(text)]
+    kept = []
+    for path in found:
+        path = posixpath.normpath(path)
+        if path == "/" or path.count("/") < 1 or path in ("/etc", "/root", "/home", "/tmp"):
+            continue
+        if any(_within(path, root) for root in RUNTIME_ROOTS):
+            continue
+        kept.append(path)
+    return list(dict.fromkeys(kept))
+
+
+def drop_reason(
+    path: str, scope: GradeScope, *, shadowable: Sequence[str] = (), is_dir: bool = False
+) -> str | None:
+    """Why an agent's change at `path`, inside the outputs, is not carried into grading
+    (None: it is). `shadowable`: the top-level module names the image's Python has."""
+    parent, name = posixpath.split(posixpath.normpath(path))
+    stem = name.split(".", 1)[0]
+    if stem in HOOK_NAMES and (name.endswith((".py", ".pyc")) or is_dir):
+        return "a Python startup hook (runs in every interpreter, the grader's too)"
+    if "__pycache__" in path.split("/") and posixpath.basename(parent) == "__pycache__":
+        owner = stem.split(".", 1)[0]
+        if owner in HOOK_NAMES:
+            return "bytecode of a Python startup hook"
+    if name in RUNNER_CONFIG and any(_within(t, parent) for t in scope.lookup or scope.tests):
+        return f"pytest reads {name} above the task's tests"
+    if parent == posixpath.normpath(scope.cwd) and shadowable:
+        module = name[:-3] if name.endswith(".py") and not is_dir else name if is_dir else None
+        if module and module in shadowable:
+            return (
+                f"shadows the module {module} of the image's Python in the test command's "
+                "working directory"
+            )
+    return None
+
+
+def executable_pth_lines(text: str) -> tuple[str, list[str]]:
+    """A `.pth` file without the lines Python would execute at startup (those that begin
+    with `import`); (what is kept, the lines dropped)."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    for line in text.splitlines(keepends=True):
+        (dropped if line.lstrip().startswith(("import ", "import\t")) else kept).append(line)
+    return "".join(kept), [line.rstrip("\n") for line in dropped]
+
+
+def _within(path: str, folder: str) -> bool:
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder + "/") or folder == "/"
+
+
+def _matches(path: str, pattern: str) -> bool:
+    if not any(ch in pattern for ch in "*?["):
+        return False
+    parts = path.split("/")
+    # A pattern covers what it matches and everything below that.
+    return any(fnmatchcase("/".join(parts[:n]), pattern) for n in range(2, len(parts) + 1))

@@ -25,6 +25,7 @@ from typing import Protocol
 from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
+from agentrl.sandbox.seal import GradeScope, scope_for
 from agentrl.tasks.graders import DidNotRun, Grade, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
@@ -157,9 +158,24 @@ class TaskEnv:
             raise
         return sandbox
 
+    def scope(self, sandbox: Sandbox) -> GradeScope:
+        """What the grader examines: the workdir, the task's declared outputs and the paths
+        its grader's files name (`agentrl.sandbox.seal`); grading online if it may."""
+        grader, workdir = self.task.spec.grader, sandbox.spec.workdir
+        texts: list[str] = [getattr(grader, "command", "") or ""]
+        folders, starts = [], []
+        for dest, source in grader.files.items():
+            local, where = self._local(source), _absolute(dest, workdir)
+            files = sorted(local.rglob("*")) if local.is_dir() else [local]
+            texts += [_text(p) for p in files if p.is_file()]
+            folders += [where] if local.is_dir() else []
+            starts.append(where if local.is_dir() else posixpath.dirname(where))
+        scope = scope_for(workdir, grader.outputs, texts, folders)
+        return scope.model_copy(update={"lookup": tuple(starts), "network": self.eval_network()})
+
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
         """Seal the sandbox, then grade it; GraderError (eval_error) if it cannot be graded."""
-        sealed = await sandbox.seal()
+        sealed = await sandbox.seal(self.scope(sandbox))
         try:
             graded = await self.grade(sandbox, instance)
         except DidNotRun as failed:
@@ -318,6 +334,14 @@ async def put_path(sandbox: Sandbox, source: Path, dest: str, *, readonly: bool 
         target = posixpath.join(dest, path.relative_to(source).as_posix())
         await sandbox.write_file(target, path.read_bytes(), mode=path.stat().st_mode & mask)
     return len(files)
+
+
+def _text(path: Path, limit: int = 1 << 20) -> str:
+    """A grader file's text, for the paths it names (a binary or huge file names none)."""
+    if path.stat().st_size > limit:
+        return ""
+    data = path.read_bytes()
+    return "" if b"\0" in data else data.decode(errors="replace")
 
 
 def _brief(graded: Grade) -> str:

@@ -124,6 +124,21 @@ class _GraderBase(_Model):
         "$AGENTRL_EVAL_NETWORK is connected at EVAL (after the agent's processes are "
         "stopped); the agent's turns never have one",
     )
+    outputs: list[str] = Field(
+        default_factory=list,
+        description="absolute paths or glob patterns whose changes the grader sees as the "
+        "agent left them, beyond the workdir and the paths the grader's files name (e.g. "
+        "/usr/local/lib/python3*/dist-packages/*.pth for a package the tests import); "
+        "everything else the agent changed is graded as the image has it",
+    )
+
+    @field_validator("outputs")
+    @classmethod
+    def _absolute_outputs(cls, value: list[str]) -> list[str]:
+        relative = [v for v in value if not v.startswith("/")]
+        if relative:
+            raise ValueError(f"outputs must be absolute paths, not {relative}")
+        return value
 
 
 class CommandGrader(_GraderBase):

@@ -19,7 +19,6 @@ from agentrl.errors import SandboxError
 RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
 SNAPSHOT_OF = "agentrl.snapshot"
 ORIGIN = "agentrl.origin"  # on a snapshot: the image its chain of snapshots started from
-PROTECTED = "agentrl.protected"  # on a snapshot: protected paths changed since ORIGIN (JSON)
 NODE = "agentrl.node"  # the Ray node whose sandbox worker started it
 SNAPSHOT_REPO = "agentrl-snapshot"
 DIR_MODE, SYMLINK_MODE = 1 << 31, 1 << 27  # Go's os.ModeDir and os.ModeSymlink (get_archive)

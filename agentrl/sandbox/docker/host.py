@@ -1,6 +1,6 @@
 """What the host does to a container from outside, running nothing inside it (so it works
 while a fork bomb holds every pid): read its usage, stop its processes while it is frozen,
-and, for `seal()`, find and put back the protected paths it changed.
+and name the image a snapshot chain started from.
 
 Blocking engine calls; `DockerSandbox` runs them in threads.
 """
@@ -8,33 +8,22 @@ Blocking engine calls; `DockerSandbox` runs them in threads.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import posixpath
 import signal
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from docker.errors import APIError, NotFound
+from docker.errors import APIError
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Usage
 from agentrl.sandbox.docker.engine import (
-    DIR_MODE,
     ORIGIN,
-    OWNER,
-    PROTECTED,
-    RUN,
-    get_archive,
     gone,
-    owner,
     top,
 )
-from agentrl.sandbox.docker.reap import remove_container
 from agentrl.sandbox.procs import Cgroup, in_cgroup, tree_bytes
-from agentrl.sandbox.seal import is_protected, path_dirs
 
 _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
 STOP_ROUNDS = 5  # freeze-and-kill rounds before seal() gives up on a process that survives
@@ -108,52 +97,11 @@ def _freeze(api: Any, container_id: str) -> bool:
     return True
 
 
-def protected_changes(api: Any, container_id: str) -> tuple[str, list[list[str]]]:
-    """(origin image id, [[path, kind], ...]) of protected paths changed since the origin:
-    this container's own changes and those its snapshot image carries."""
-    info = api.inspect_container(container_id)
-    image = api.inspect_image(info["Image"])
+def origin(api: Any, container_id: str) -> str:
+    """The image the container's chain of snapshots started from (its own image if none)."""
+    image = api.inspect_image(api.inspect_container(container_id)["Image"])
     labels = image.get("Config", {}).get("Labels") or {}
-    origin = labels.get(ORIGIN) or str(image["Id"])
-    changes = {p: k for p, k in json.loads(labels.get(PROTECTED) or "[]")}
-    dirs = path_dirs(info.get("Config", {}).get("Env"))
-    found = _upper_changes(info)
-    if found is None:  # the engine's own diff: right everywhere, slow on some engines
-        found = [
-            (e["Path"], _KINDS.get(e["Kind"], "changed")) for e in api.diff(container_id) or []
-        ]
-    for path, kind in found:
-        if is_protected(path, dirs):
-            changes[path] = kind
-    return origin, [[p, k] for p, k in sorted(changes.items())]
-
-
-def restore_protected(api: Any, container_id: str) -> list[str]:
-    """Put each protected path the container changed back as its origin image has it."""
-    origin, changes = protected_changes(api, container_id)
-    if not changes:
-        return []
-    absent = []
-    helper = api.create_container(
-        origin, entrypoint=["true"], network_disabled=True, labels={RUN: "", OWNER: owner()}
-    )["Id"]
-    try:
-        for path, _ in changes:
-            try:
-                data, info = get_archive(api, helper, path)
-            except NotFound:
-                absent.append(path)
-                continue
-            if not info["mode"] & DIR_MODE:  # a folder's changed files are listed themselves
-                api.put_archive(container_id, posixpath.dirname(path), data)
-    finally:
-        remove_container(api, helper)
-    if absent:  # after the put-backs: `rm` itself may have been one of them
-        done = api.exec_create(container_id, ["rm", "-rf", "--", *absent], user="root")
-        api.exec_start(done["Id"])
-        if api.exec_inspect(done["Id"])["ExitCode"] != 0:
-            raise SandboxError(f"sandbox {container_id[:12]}: cannot remove {absent}")
-    return [f"{path} ({kind})" for path, kind in changes]
+    return str(labels.get(ORIGIN) or image["Id"])
 
 
 def _upper_dir(info: dict[str, Any]) -> Path | None:
@@ -163,28 +111,3 @@ def _upper_dir(info: dict[str, Any]) -> Path | None:
     if "overlay" not in str(driver.get("Name")) or not upper or not Path(upper).is_dir():
         return None
     return Path(upper)
-
-
-def _upper_changes(info: dict[str, Any]) -> list[tuple[str, str]] | None:
-    """(path, kind) of what the container changed, read from its overlay2 upper layer on
-    this machine (what `docker diff` reports, in milliseconds rather than the seconds a
-    naive diff of the whole tree can take); None where that layer is not readable here."""
-    upper = _upper_dir(info)
-    if upper is None:
-        return None
-    data = (info.get("GraphDriver") or {}).get("Data") or {}
-    lowers = [Path(d) for d in (data.get("LowerDir") or "").split(":") if d]
-    found = []
-    for top_dir, folders, files in os.walk(upper):  # never follows a link the agent made
-        for name in [*folders, *files]:
-            entry = Path(top_dir) / name
-            relative = entry.relative_to(upper)
-            st = entry.lstat()
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # an overlay whiteout
-                kind = "deleted"
-            elif any(os.path.lexists(low / relative) for low in lowers):
-                kind = "changed"
-            else:
-                kind = "added"
-            found.append((f"/{relative.as_posix()}", kind))
-    return found

@@ -132,7 +132,7 @@ class _Start:
         self._made: DockerSandbox | None = None
 
     def run(self) -> DockerSandbox:
-        sandbox = _create(self.client, self.spec, self.image)
+        sandbox = create_container(self.client, self.spec, self.image)
         with self._lock:
             abandoned, self._made = self._abandoned, sandbox
         if abandoned:
@@ -146,8 +146,11 @@ class _Start:
             return self._made
 
 
-def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> DockerSandbox:
-    """Create and start a container (blocking; runs in a thread)."""
+def create_container(
+    client: docker.DockerClient, spec: SandboxSpec, image: str, network: str = "none"
+) -> DockerSandbox:
+    """Create and start a container (blocking; runs in a thread); `network`: Docker's
+    network mode (`none`, or `container:<id>` to share another's)."""
     api = client.api
     name = f"agentrl-{slug(spec.run_id)[:40]}-{uuid.uuid4().hex[:10]}"
     labels = {
@@ -161,7 +164,7 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, image: str) -> Docke
     @retry_transient
     def create(quota: bool) -> str:
         host_config = api.create_host_config(
-            network_mode="none",
+            network_mode=network,
             init=True,
             nano_cpus=int(spec.cpus * 1e9),
             mem_limit=f"{spec.memory_mb}m",

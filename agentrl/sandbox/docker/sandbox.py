@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 import logging
 import posixpath
 import re
@@ -34,7 +33,6 @@ from agentrl.sandbox.docker.engine import (
     NAME,
     ORIGIN,
     OWNER,
-    PROTECTED,
     RUN,
     SNAPSHOT_OF,
     SNAPSHOT_REPO,
@@ -49,6 +47,7 @@ from agentrl.sandbox.docker.engine import (
 )
 from agentrl.sandbox.docker.reap import backstop, remove_within, unremoved
 from agentrl.sandbox.docker.shell import COLUMNS, ROWS, DockerShell, with_pidfile
+from agentrl.sandbox.seal import GradeScope
 from agentrl.sandbox.shell import PtyShell
 
 log = logging.getLogger(__name__)
@@ -64,8 +63,11 @@ class DockerSandbox:
     """One container. `close()` removes it; every call after that raises SandboxError."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, spec: SandboxSpec) -> None:
+        self._client = client
         self._api = client.api
         self._id = container_id
+        self._agent: str | None = None  # the agent's container, once seal() made the copy
+        self._agent_keepalive: int | None = None
         self._spec = spec
         self._shells: set[PtyShell] = set()
         self._shell_count = 0
@@ -190,14 +192,13 @@ class DockerSandbox:
         self._check_open()
         spec = self._spec
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
-        origin, protected = await self._call(host.protected_changes, self._api, self._id)
+        origin = await self._call(host.origin, self._api, self._id)
         labels = {
             RUN: spec.run_id,
             SNAPSHOT_OF: spec.run_id,
             OWNER: owner(),
             NAME: spec.name or "",
             ORIGIN: origin,
-            PROTECTED: json.dumps(protected, separators=(",", ":")),
         }
         image = await self._call(
             self._api.commit,
@@ -208,12 +209,50 @@ class DockerSandbox:
         )
         return str(image["Id"])
 
-    async def seal(self) -> Sealed:
-        """Stop every process but docker-init and the keep-alive (frozen first, so none can
-        fork meanwhile), then put protected paths back as the origin image has them."""
-        stopped = await self.stop_processes()
-        restored = await self._call(host.restore_protected, self._api, self._id)
-        return Sealed(stopped=stopped, restored=restored)
+    async def seal(self, scope: GradeScope) -> Sealed:
+        """Become the grading copy: a new container from the task's image holding only the
+        agent's changes under `scope`'s outputs, in the agent's container's network
+        namespace while that runs (its services stay reachable on loopback). The agent's
+        container is kept until `close()`; every call from now on acts on the copy."""
+        self._check_open()
+        if self._agent is not None:
+            raise SandboxError(f"sandbox {self._id[:12]} is already sealed")
+        from agentrl.sandbox.docker import grading
+        from agentrl.sandbox.docker.provider import create_container
+
+        origin, changes, note = await self._call(grading.origin_and_changes, self._api, self._id)
+        running = await self._running()
+        spec = self._spec.model_copy(
+            update={"name": f"{self._spec.name or 'sandbox'}-grading", "mounts": {}}
+        )
+        network = scope.network or (f"container:{self._id}" if running else "none")
+        copy = await asyncio.to_thread(create_container, self._client, spec, origin, network)
+        self._agent, self._agent_keepalive = self._id, self.keepalive
+        with self._lock:  # close() removes both from now on
+            self._id, self.keepalive, self._host = copy.id, copy.keepalive, None
+        copy.disown()
+        backstop.add(self._id, self.close_now)
+        return await self._call(
+            grading.carry,
+            self._api,
+            self._agent,
+            self._id,
+            changes,
+            scope,
+            agent_running=running,
+            spare=set(await self._spared(self._agent, self._agent_keepalive)),
+            note=note,
+        )
+
+    async def _spared(self, container_id: str, keepalive: int | None) -> list[int]:
+        state = (await self._call(self._api.inspect_container, container_id))["State"]
+        return [int(state.get("Pid") or 0), keepalive or 0]
+
+    def disown(self) -> None:
+        """Forget the container without removing it (another sandbox object owns it now)."""
+        with self._lock:
+            self._closed = True
+        backstop.discard(self._id)
 
     async def stop_processes(self) -> list[str]:
         """SIGKILL every process but docker-init and the keep-alive, from the host while the
@@ -230,8 +269,11 @@ class DockerSandbox:
         return await asyncio.to_thread(self._host.usage)
 
     async def connect_network(self, name: str) -> None:
-        """Leave `--network none` for the Docker network `name`."""
+        """Leave `--network none` for the Docker network `name` (nothing if already on it)."""
         self._check_open()
+        info = await self._call(self._api.inspect_container, self._id)
+        if name in ((info.get("NetworkSettings") or {}).get("Networks") or {}):
+            return
         with contextlib.suppress(SandboxError):  # already off "none"
             await self._call(self._api.disconnect_container_from_network, self._id, "none")
         await self._call(self._api.connect_container_to_network, self._id, name)
@@ -251,9 +293,10 @@ class DockerSandbox:
             for shell in list(self._shells):
                 shell.release()
             try:
-                remove_within(self._api, self._id, wait_s)
+                for container_id in filter(None, (self._id, self._agent)):
+                    remove_within(self._api, container_id, wait_s)
             except (DockerException, requests.RequestException) as exc:
-                unremoved.add(self._id)
+                unremoved.update(filter(None, (self._id, self._agent)))
                 log.warning(
                     "sandbox %s was not removed within %g s: %s; fix: the next DockerProvider "
                     "started in this process removes it, or run `agentrl gc` once this "

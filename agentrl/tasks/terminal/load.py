@@ -141,6 +141,7 @@ def _terminal_bench(
         files=files,
         timeout=test_timeout + 60,
         network=True,  # the harness's tests download what they need
+        outputs=_declared_outputs(data.get("agentrl"), root / "task.yaml"),
     )
     workdir = _workdir(root / "Dockerfile") or WORKDIR_OF_IMAGE
     sandbox = SandboxConfig(recipe=".", workdir=workdir, env={"TEST_DIR": TESTS_DIR})
@@ -180,6 +181,7 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         files={TESTS_DIR: "tests"},
         timeout=test_timeout + 60,
         network=True,  # the harness's tests download what they need
+        outputs=_declared_outputs(_table(data, "metadata").get("agentrl"), root / "task.toml"),
     )
     agent_timeout = float(_table(data, "agent").get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
     fields = {
@@ -189,6 +191,23 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         "pytest": "pytest" in (root / "tests" / "test.sh").read_text(errors="replace"),
     }
     return fields, sandbox, grader, agent_timeout
+
+
+def _declared_outputs(extension: object, path: Path) -> list[str]:
+    """agentrl's one extension of these formats: `outputs` the grader sees beyond the
+    workdir and the paths the tests name (`agentrl: {outputs: [...]}` in task.yaml,
+    `[metadata.agentrl] outputs = [...]` in task.toml, where Harbor keeps free metadata)."""
+    if extension is None:
+        return []
+    outputs = extension.get("outputs", []) if isinstance(extension, dict) else None
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, str) and o.startswith("/") for o in outputs
+    ):
+        raise ConfigError(
+            f"{path}: agentrl.outputs must be a list of absolute paths or patterns",
+            fix='e.g. outputs = ["/usr/local/bin/mytool"]',
+        )
+    return outputs
 
 
 def _yaml(path: Path) -> dict[str, Any]:

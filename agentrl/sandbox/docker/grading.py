@@ -1,0 +1,264 @@
+"""The grading copy of a container (`DockerSandbox.seal`): a new container from the task's
+image, holding the agent's changes under the outputs and nothing else it changed
+(`agentrl.sandbox.seal` says which and why).
+
+The copy shares the agent's container's network namespace while that one runs, so a
+service the agent left listening stays reachable on 127.0.0.1 as the harnesses grade it;
+no agent process exists in the copy, and none can reach its files or processes.
+
+Blocking engine calls; `DockerSandbox` runs them in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import stat
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from docker.errors import NotFound
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import Sealed
+from agentrl.sandbox.docker.engine import ORIGIN, top
+from agentrl.sandbox.seal import GradeScope, drop_reason, executable_pth_lines
+
+_KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
+LISTED = 200
+"""Paths listed by kind in the evidence; past that, a count."""
+_SHADOWABLE = (
+    "import sys, pkgutil; names = {m.name for m in pkgutil.iter_modules()}; "
+    "print('\\n'.join(sorted(names | set(sys.stdlib_module_names))))"
+)
+
+
+ENGINE_PATHS = (
+    *("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/.dockerenv", "/sbin/docker-init"),
+    *("/usr/sbin/docker-init", "/etc/mtab", "/dev", "/proc", "/sys"),
+)
+"""What the engine itself puts in every container (mount points): never the agent's."""
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    kind: str  # added, changed, deleted, replaced (a folder deleted and made again)
+    is_dir: bool
+
+
+def origin_and_changes(api: Any, container_id: str) -> tuple[str, list[Change], str | None]:
+    """(the image the container's snapshot chain started from, what the container and its
+    snapshots changed since that image, a note when only the engine's own diff could be
+    read). Read from the overlay layers on this machine; elsewhere from `docker diff`."""
+    info = api.inspect_container(container_id)
+    engine = (*ENGINE_PATHS, *(m["Destination"] for m in info.get("Mounts") or []))
+    origin, changes, note = _changes(api, info)
+    mine = [c for c in changes if not any(_under(c.path, p) for p in engine)]
+    return origin, mine, note
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _changes(api: Any, info: dict[str, Any]) -> tuple[str, list[Change], str | None]:
+    image = api.inspect_image(info["Image"])
+    labels = image.get("Config", {}).get("Labels") or {}
+    origin = labels.get(ORIGIN) or str(image["Id"])
+    data = (info.get("GraphDriver") or {}).get("Data") or {}
+    upper = str(data.get("UpperDir") or "")
+    lowers = [d for d in str(data.get("LowerDir") or "").split(":") if d]
+    overlay = "overlay" in str((info.get("GraphDriver") or {}).get("Name"))
+    if overlay and upper and Path(upper).is_dir():
+        own = len(image.get("RootFS", {}).get("Layers") or [])
+        base = len(api.inspect_image(origin).get("RootFS", {}).get("Layers") or [])
+        snapshot_layers = max(0, own - base) if origin != image["Id"] else 0
+        layers = [Path(upper), *map(Path, lowers[:snapshot_layers])]
+        return origin, _layer_changes(layers, [Path(d) for d in lowers[snapshot_layers:]]), None
+    found = [
+        Change(e["Path"], _KINDS.get(e["Kind"], "changed"), False)
+        for e in api.diff(info["Id"]) or []
+    ]
+    note = "the engine's overlay layers are not readable here: changes read with `docker diff`"
+    if origin != image["Id"]:
+        note += ", those of earlier snapshots counted as the image's"
+        origin = str(image["Id"])
+    return origin, found, note
+
+
+def _layer_changes(layers: list[Path], base: list[Path]) -> list[Change]:
+    """What `layers` (the topmost first) change over the `base` layers, as one diff."""
+    seen: dict[str, Change] = {}
+    whited: set[str] = set()  # deleted by a higher layer: what lower layers say is moot
+    hidden: list[str] = []  # folders a higher layer deleted or replaced whole
+    for layer in layers:
+        this_layer_hides: list[str] = []
+        for folder, dirs, files in os.walk(layer):  # never follows a link the agent made
+            for name in [*dirs, *files]:
+                entry = Path(folder) / name
+                path = "/" + entry.relative_to(layer).as_posix()
+                if path in seen or path in whited or any(path.startswith(h + "/") for h in hidden):
+                    continue
+                st = entry.lstat()
+                in_base = any(os.path.lexists(b / path[1:]) for b in base)
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout
+                    this_layer_hides.append(path)
+                    whited.add(path)
+                    if in_base:
+                        seen[path] = Change(path, "deleted", False)
+                    continue
+                is_dir = stat.S_ISDIR(st.st_mode)
+                opaque = is_dir and _opaque(entry)
+                if opaque:
+                    this_layer_hides.append(path)
+                kind = "replaced" if opaque and in_base else "changed" if in_base else "added"
+                seen[path] = Change(path, kind, is_dir)
+        hidden += this_layer_hides
+    return sorted(seen.values(), key=lambda c: c.path)
+
+
+def _opaque(entry: Path) -> bool:
+    for attribute in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(entry, attribute, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def carry(
+    api: Any,
+    agent_id: str,
+    grader_id: str,
+    changes: list[Change],
+    scope: GradeScope,
+    *,
+    agent_running: bool,
+    spare: set[int],
+    note: str | None,
+) -> Sealed:
+    """Copy the agent's changes under the outputs into the grading container (less what
+    `drop_reason` refuses); what was left out and why, as the evidence says it."""
+    inside = [c for c in changes if scope.covers(c.path)]
+    outside = [c for c in changes if not scope.covers(c.path)]
+    # A folder that is new (or made again) is copied whole; one that only holds changes
+    # is not copied itself, its changed entries are.
+    whole: list[str] = []
+    roots: list[Change] = []
+    for change in inside:
+        if any(change.path.startswith(w + "/") for w in whole):
+            continue
+        if change.is_dir and change.kind == "changed":
+            continue
+        roots.append(change)
+        if change.is_dir:
+            whole.append(change.path)
+    shadowable = _shadowable(api, grader_id, scope, roots)
+    dropped: list[str] = []
+    doomed = [c.path for c in roots]
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buffer:
+        with tarfile.open(fileobj=buffer, mode="w") as out:
+            for change in roots:
+                if change.kind != "deleted":
+                    _copy(api, agent_id, change.path, scope, shadowable, out, dropped)
+        if doomed:
+            _exec(api, grader_id, ["rm", "-rf", "--", *doomed])
+        buffer.seek(0)
+        if any(c.kind != "deleted" for c in roots):
+            api.put_archive(grader_id, "/", buffer)
+    notes = [note] if note else []
+    if agent_running:
+        left = [args for pid, _, args in top(api, agent_id) if pid not in spare]
+        if left:
+            notes.append(
+                f"{len(left)} agent process(es) kept running in the agent's own container, "
+                "reachable only over loopback: " + "; ".join(a[:80] for a in left[:10])
+            )
+    else:
+        notes.append("the agent's container had stopped before grading (its own doing)")
+    return Sealed(
+        kept=_listed(inside),
+        restored=_listed(outside),
+        dropped=dropped[:LISTED] + _more(len(dropped)),
+        notes=notes,
+    )
+
+
+def _copy(
+    api: Any,
+    agent_id: str,
+    path: str,
+    scope: GradeScope,
+    shadowable: list[str],
+    out: tarfile.TarFile,
+    dropped: list[str],
+) -> None:
+    """Add the agent's `path` (a file, link or folder) to `out`, named from the root."""
+    try:
+        stream, _ = api.get_archive(agent_id, path)
+    except NotFound:  # gone since the diff was read (a process still writes)
+        return
+    with tempfile.SpooledTemporaryFile(max_size=16 << 20) as raw:
+        for chunk in stream:
+            raw.write(chunk)
+        raw.seek(0)
+        with tarfile.open(fileobj=raw, mode="r|") as archive:
+            parent = posixpath.dirname(path)
+            skipped: list[str] = []
+            for member in archive:
+                where = posixpath.normpath(posixpath.join(parent, member.name))
+                if any(where.startswith(s + "/") for s in skipped):
+                    continue
+                why = drop_reason(where, scope, shadowable=shadowable, is_dir=member.isdir())
+                if why is not None:
+                    dropped.append(f"{where}: {why}")
+                    if member.isdir():
+                        skipped.append(where)
+                    continue
+                data = archive.extractfile(member) if member.isfile() else None
+                body = data.read() if data is not None else None
+                if body is not None and where.endswith(".pth"):
+                    kept, lines = executable_pth_lines(body.decode(errors="surrogateescape"))
+                    if lines:
+                        dropped.append(f"{where}: executable .pth lines {lines[:3]}")
+                        body = kept.encode(errors="surrogateescape")
+                        member.size = len(body)
+                member.name = where.lstrip("/")
+                out.addfile(member, io.BytesIO(body) if body is not None else None)
+
+
+def _shadowable(api: Any, grader_id: str, scope: GradeScope, roots: list[Change]) -> list[str]:
+    """The image's top-level module names, if the agent added a module to the cwd."""
+    cwd = posixpath.normpath(scope.cwd)
+    if not any(
+        posixpath.dirname(c.path) == cwd and (c.is_dir or c.path.endswith(".py"))
+        for c in roots
+        if c.kind == "added"
+    ):
+        return []
+    code, output = _exec(api, grader_id, ["python3", "-I", "-c", _SHADOWABLE], check=False)
+    return output.split() if code == 0 else []
+
+
+def _exec(api: Any, container_id: str, argv: list[str], *, check: bool = True) -> tuple[int, str]:
+    made = api.exec_create(container_id, argv, user="root", workdir="/")
+    output = api.exec_start(made["Id"]).decode(errors="replace")
+    code = int(api.exec_inspect(made["Id"])["ExitCode"] or 0)
+    if check and code != 0:
+        raise SandboxError(f"grading copy {container_id[:12]}: {argv[:3]} failed: {output[:200]}")
+    return code, output
+
+
+def _listed(changes: list[Change]) -> list[str]:
+    """'path (kind)' of each change, less folders that only hold changes."""
+    listed = [c for c in changes if not (c.is_dir and c.kind == "changed")]
+    return [f"{c.path} ({c.kind})" for c in listed[:LISTED]] + _more(len(listed))
+
+
+def _more(count: int) -> list[str]:
+    return [f"... and {count - LISTED} more"] if count > LISTED else []

@@ -79,8 +79,10 @@ def _changes(api: Any, info: dict[str, Any]) -> tuple[str, list[Change], str | N
         own = len(image.get("RootFS", {}).get("Layers") or [])
         base = len(api.inspect_image(origin).get("RootFS", {}).get("Layers") or [])
         snapshot_layers = max(0, own - base) if origin != image["Id"] else 0
-        layers = [Path(upper), *map(Path, lowers[:snapshot_layers])]
-        return origin, _layer_changes(layers, [Path(d) for d in lowers[snapshot_layers:]]), None
+        # The engine's "-init" layer (mount points) sits right below the container's own.
+        ours = snapshot_layers + (1 if lowers and lowers[0].endswith("-init/diff") else 0)
+        layers = [Path(upper), *map(Path, lowers[:ours])]
+        return origin, _layer_changes(layers, [Path(d) for d in lowers[ours:]]), None
     found = [
         Change(e["Path"], _KINDS.get(e["Kind"], "changed"), False)
         for e in api.diff(info["Id"]) or []

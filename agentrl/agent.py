@@ -23,7 +23,14 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from agentrl import context
 from agentrl.chat import ChatSegment, ChatSession
-from agentrl.errors import AgentRLError, ConfigError, GraderError, SamplerError, SandboxError
+from agentrl.errors import (
+    AgentRLError,
+    ConfigError,
+    GraderError,
+    SamplerError,
+    SandboxBroken,
+    SandboxError,
+)
 from agentrl.gateway.external import run_harness
 from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
@@ -216,6 +223,7 @@ class Episode:
         self.reward: float | None = None
         self.components: dict[str, Any] = {}
         self.evidence: Evidence | None = None
+        self.broken: str | None = None  # how the agent stopped its own sandbox
         self.stop: StopReason | None = None
         self.error: str | None = None
         self.fix: str | None = None
@@ -290,6 +298,8 @@ class Episode:
         except GraderError as e:  # the grader could not grade: never a reward
             self.evidence = e.evidence if isinstance(e, DidNotRun) else None
             self.fail(StopReason.eval_error, str(e), e.fix)
+        except SandboxBroken as e:  # the agent's own doing: EVAL grades what it left
+            self.stop, self.broken = StopReason.sandbox_broken, str(e)
         except AgentRLError as e:  # sandbox died, setup failed, image missing
             self.fail(StopReason.sandbox_error, str(e), e.fix)
         except Exception as e:  # a bug (a tool's TypeError too): this episode fails, not others
@@ -409,6 +419,10 @@ class Episode:
                 grade = await self.env.evaluate(self.sandbox, self.instance)
             self.reward, self.components = grade.reward, grade.components
             self.evidence = grade.evidence
+            if self.broken:
+                self.evidence.notes.insert(
+                    0, f"RUN ended as the agent stopped its sandbox: {self.broken}"
+                )
 
     async def close(self) -> None:
         """Close tools and sandbox, shielded from cancellation. Idempotent: a second call

@@ -74,6 +74,11 @@ class SandboxError(AgentRLError, RuntimeError):
     """A sandbox failed (gone, unreachable, a missing image); a bad rollout, not a crash."""
 
 
+class SandboxBroken(SandboxError):
+    """The agent stopped its own sandbox (killed its keep-alive, exhausted its memory) while
+    the engine stayed healthy: the agent's failure, graded and trained on, not infrastructure."""
+
+
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A path asked of a sandbox does not exist there."""
 

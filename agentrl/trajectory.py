@@ -45,6 +45,8 @@ class StopReason(StrEnum):
     context_limit = "context_limit"
     sampler_length = "sampler_length"
     episode_timeout = "episode_timeout"
+    sandbox_broken = "sandbox_broken"
+    """The agent stopped its own sandbox; what it left is graded (its failure, trained on)."""
     sandbox_error = "sandbox_error"
     eval_error = "eval_error"
     aborted = "aborted"

@@ -11,10 +11,11 @@ import contextlib
 import os
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from docker.errors import APIError
+from docker.errors import APIError, NotFound
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Usage
@@ -95,6 +96,74 @@ def _freeze(api: Any, container_id: str) -> bool:
             raise
         return False
     return True
+
+
+def stopped_by_agent(api: Any, container_id: str) -> str | None:
+    """How a stopped container was stopped from inside, when it was (its processes killed
+    its keep-alive or used all its memory, while the engine ran all along); None when it
+    runs, was removed, ran out its TTL, or the engine restarted (or cannot be seen)."""
+    try:
+        state = api.inspect_container(container_id)["State"]
+    except NotFound:
+        return None
+    if state.get("Running"):
+        return None
+    engine = engine_started()
+    started = _timestamp(state.get("StartedAt"))
+    if engine is None or started is None or engine > started:
+        return None
+    if _killed_from_outside(api, container_id, started):
+        return None
+    if state.get("OOMKilled"):
+        return "its processes used all of its memory and the kernel stopped it"
+    code = state.get("ExitCode")
+    if code == 0:
+        return None  # the keep-alive ran its course: the TTL
+    return f"its processes killed its main process (exit {code}), which stopped it"
+
+
+def _killed_from_outside(api: Any, container_id: str, since: float) -> bool:
+    """Whether the engine was asked to kill or stop the container (`docker kill`/`stop`, a
+    reaper, a shutdown): those leave a `kill` event; a death from inside leaves none."""
+    events = api.events(
+        since=int(since) - 1,
+        until=int(time.time()) + 1,
+        filters={"container": container_id, "event": ["kill", "stop"]},
+        decode=True,
+    )
+    try:
+        return any(True for _ in events)
+    finally:
+        with contextlib.suppress(Exception):
+            events.close()
+
+
+def engine_started(pidfile: Path = Path("/var/run/docker.pid")) -> float | None:
+    """When this machine's Docker engine started (epoch seconds), or None if not known."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        ticks = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _timestamp(text: object) -> float | None:
+    """Docker's RFC 3339 time (nanoseconds) as epoch seconds."""
+    if not isinstance(text, str) or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    fraction = "".join(ch for ch in rest if ch.isdigit())[:6]
+    try:
+        moment = datetime.fromisoformat(f"{head}.{fraction or '0'}+00:00")
+    except ValueError:
+        return None
+    return moment.timestamp()
 
 
 def origin(api: Any, container_id: str) -> str:

@@ -25,7 +25,7 @@ import docker
 import requests
 from docker.errors import DockerException, NotFound
 
-from agentrl.errors import SandboxError, SandboxFileNotFound
+from agentrl.errors import SandboxBroken, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, ExecResult, HeadTail, SandboxSpec, Sealed, Usage
 from agentrl.sandbox.docker import host
 from agentrl.sandbox.docker.engine import (
@@ -116,7 +116,7 @@ class DockerSandbox:
         code = await self._exit_code(created["Id"])
         seconds = time.monotonic() - started
         if code in (137, None) and not await self._running():
-            raise gone(self._id, "its container stopped while a command ran")
+            raise await self._stopped(gone(self._id, "its container stopped while a command ran"))
         timed_out = guard_fired or (code in (124, 137) and seconds >= request.timeout)
         return ExecResult(
             exit_code=None if timed_out else code,
@@ -313,7 +313,19 @@ class DockerSandbox:
         except NotFound as exc:
             raise gone(self._id, "its container was removed") from exc
         except (DockerException, requests.RequestException) as exc:
-            raise engine_error(self._id, exc) from exc
+            error = engine_error(self._id, exc)
+            if "is not running" in str(error):
+                raise await self._stopped(error) from exc
+            raise error from exc
+
+    async def _stopped(self, error: SandboxError) -> SandboxError:
+        """`error`, or SandboxBroken when the agent's own processes stopped the container."""
+        if self._agent is not None:  # the grading copy: nothing of the agent's runs there
+            return error
+        why = await asyncio.to_thread(host.stopped_by_agent, self._api, self._id)
+        if why is None:
+            return error
+        return SandboxBroken(f"sandbox {self._id[:12]}: {why}", fix="none: the agent did it")
 
     async def _exit_code(self, exec_id: str) -> int | None:
         for _ in range(50):  # the stream can end a moment before the engine records the exit

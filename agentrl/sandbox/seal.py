@@ -68,6 +68,11 @@ class GradeScope(BaseModel):
         "folders, and those holding single test files); default: `tests`",
     )
     cwd: str = Field(default="/", description="the test command's working directory")
+    runtime: tuple[str, ...] = Field(
+        default=(),
+        description="paths inside the outputs that the test runtime itself makes or reads (a "
+        "uv project or venv in the working directory): an agent's version is dropped",
+    )
     network: str | None = Field(
         default=None,
         description="a Docker network the grading copy joins (grading online); None: it "
@@ -115,6 +120,8 @@ def drop_reason(
     (None: it is). `shadowable`: the top-level module names the image's Python has."""
     parent, name = posixpath.split(posixpath.normpath(path))
     stem = name.split(".", 1)[0]
+    if any(_within(path, r) for r in scope.runtime):
+        return "the test runtime's own (its scripts make or read it in the working directory)"
     if stem in HOOK_NAMES and (name.endswith((".py", ".pyc")) or is_dir):
         return "a Python startup hook (runs in every interpreter, the grader's too)"
     if "__pycache__" in path.split("/") and posixpath.basename(parent) == "__pycache__":

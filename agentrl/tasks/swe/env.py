@@ -11,7 +11,7 @@ from pathlib import Path
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import Grade, tail
+from agentrl.tasks.graders import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.swe import WORKDIR, Format
 from agentrl.tasks.swe.grade import grade_patch
@@ -65,11 +65,14 @@ class SweBenchEnv(TaskEnv):
         try:
             online = await self.go_online(fresh)
             graded = await grade_patch(fresh, instance, self.format, kept)
+        except DidNotRun as failed:
+            failed.evidence.tampered[:0] = tampered
+            raise
         finally:
             await fresh.close()
         graded.evidence.notes[:0] = online
-        graded.evidence.tampered = tampered
-        components = {**graded.components, "tampered_tests": len(tampered)}
+        graded.evidence.tampered[:0] = tampered  # dropped here; then put back in `fresh`
+        components = {**graded.components, "tampered_tests": len(graded.evidence.tampered)}
         return graded.model_copy(
             update={"components": components, "seconds": time.monotonic() - started}
         )

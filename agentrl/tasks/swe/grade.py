@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 import tempfile
 import time
+import tomllib
 
 from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.tasks.graders import (
@@ -30,8 +32,21 @@ from agentrl.tasks.graders import (
 )
 from agentrl.tasks.spec import Instance
 from agentrl.tasks.swe import R2E_RUNNER, R2E_TESTS, TEST_TIMEOUT_S, WORKDIR, Format
-from agentrl.tasks.swe.harness import CONDA, END, START, eval_spec
-from agentrl.tasks.swe.patch import PATCH_TIMEOUT_S, apply_patch, files_of_tests
+from agentrl.tasks.swe.harness import CONDA, END, START, _classic, eval_spec
+from agentrl.tasks.swe.patch import (
+    PATCH_TIMEOUT_S,
+    apply_patch,
+    blob,
+    changed_paths,
+    config_file_reason,
+    files_of_tests,
+    how_tests_run_reason,
+    patch_paths,
+    put_back,
+    runner_files,
+    snapshot,
+    tampered_entry,
+)
 
 EVAL_SCRIPT = "/eval.sh"
 SWE_SMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
@@ -59,23 +74,105 @@ async def grade_patch(sandbox: Sandbox, instance: Instance, fmt: Format, patch: 
         if done.exit_code != 0:
             evidence = ran(done, "moving R2E-Gym's tests", fmt, setup)
             raise DidNotRun(f"the image holds no R2E-Gym tests: {tail(done.output)}", evidence)
-    how = await apply_patch(sandbox, patch)
+    before, paths = "", []
+    if patch.strip():  # the tree the patch goes into, and the paths git says it touches
+        paths = await patch_paths(sandbox, patch)
+        before = await snapshot(sandbox, paths, "before")
+    how = await apply_patch(sandbox, patch, before or None)
     if how is None:  # the agent's doing: unresolved, as every harness counts it
         evidence = Evidence(grader=fmt, notes=["the agent's patch does not apply"])
         evidence.output = truncate(patch)
         components = {"resolved": False, "patch_applied": False}
         return Grade(reward=0.0, components=components, evidence=evidence, seconds=0.0)
-    if fmt == "r2e-gym":
-        graded = await _grade_r2e(sandbox, instance)
-    elif fmt == "swe-smith":
-        graded = await _grade_smith(sandbox, instance)
-    else:
-        graded = await _grade_swebench(sandbox, instance)
+    tampered = await put_back_test_config(sandbox, instance, fmt, before, paths) if before else []
+    try:
+        if fmt == "r2e-gym":
+            graded = await _grade_r2e(sandbox, instance)
+        elif fmt == "swe-smith":
+            graded = await _grade_smith(sandbox, instance)
+        else:
+            graded = await _grade_swebench(sandbox, instance)
+    except DidNotRun as failed:
+        failed.evidence.tampered += tampered
+        raise
+    graded.evidence.tampered += tampered
     graded.evidence.notes.insert(0, f"agent's patch: {how or 'empty'}")
     components = {**graded.components, "patch_applied": True}
     return graded.model_copy(
         update={"components": components, "seconds": time.monotonic() - started}
     )
+
+
+async def put_back_test_config(
+    sandbox: Sandbox, instance: Instance, fmt: Format, before: str, paths: list[str]
+) -> list[str]:
+    """Put back every path the applied patch changed that decides how the tests are
+    configured, collected, installed or reported (`how_tests_run_reason`; pyproject.toml
+    and setup.cfg when a part about pytest, entry points or installing changed; the test
+    command's own scripts; files of an in-tree build backend); `path: why` for each.
+
+    The changes are what git lists between the tree `before` the patch and the tree now,
+    ignored files the patch touched (`paths`) included."""
+    after = await snapshot(sandbox, paths, "after", start="/tmp/agentrl-before.index")
+    changes = await changed_paths(sandbox, before, after)
+    if not changes:
+        return []
+    runners = set(runner_files(_test_command(instance, fmt)))
+    backend = await _backend_files(sandbox, before)
+    doomed, entries = [], []
+    for change in changes:
+        name = change.path.rsplit("/", 1)[-1]
+        reason = how_tests_run_reason(change.path, instance)
+        if reason is None and change.path in runners:
+            reason = "a script of the test command"
+        if reason is None and any(
+            change.path == b or change.path.startswith(f"{b}/") for b in backend
+        ):
+            reason = "the in-tree build backend (it runs when the package is installed)"
+        if reason is None and name in ("pyproject.toml", "setup.cfg"):
+            if {change.old_mode, change.new_mode} - {"000000", "100644", "100755"}:
+                reason = f"{name} is no regular file"
+            else:
+                old, new = (
+                    await blob(sandbox, change.old_blob),
+                    await blob(sandbox, change.new_blob),
+                )
+                reason = config_file_reason(name, old, new)
+        if reason is not None:
+            doomed.append(change)
+            entries.append(tampered_entry(change.path, reason))
+    await put_back(sandbox, before, doomed)
+    return entries
+
+
+def _test_command(instance: Instance, fmt: Format) -> str:
+    """The test command a format's harness runs for the row (R2E-Gym: none in the tree)."""
+    if fmt == "swe-smith":
+        return str(instance.fields.get("test_cmd") or SWE_SMITH_TEST_CMD)
+    return "" if fmt == "r2e-gym" else _classic(instance.fields)[0]
+
+
+async def _backend_files(sandbox: Sandbox, tree: str) -> list[str]:
+    """An in-tree build backend's files and folders (pyproject's build-system.backend-path:
+    each folder but the root whole, and the backend's module in each)."""
+    data = await blob(sandbox, f"{tree}:pyproject.toml")
+    try:
+        build = tomllib.loads((data or b"").decode()).get("build-system", {})
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    folders = build.get("backend-path", []) if isinstance(build, dict) else []
+    backend = str(build.get("build-backend", "")) if isinstance(build, dict) else ""
+    top = backend.split(":", 1)[0].split(".", 1)[0].strip()
+    found = []
+    for folder in folders if isinstance(folders, list) else []:
+        folder = posixpath.normpath(str(folder))
+        if folder.startswith(("..", "/")):
+            continue
+        found += [] if folder == "." else [folder]
+        if top:
+            module = posixpath.normpath(posixpath.join(folder, top))
+            found += [module, f"{module}.py"]
+    return found
 
 
 async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:

@@ -6,11 +6,13 @@ runtime at EVAL, the reference solution copied in and run as the harness runs it
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from pathlib import Path
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
 from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import TaskEnv, put_path
 from agentrl.tasks.graders import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
@@ -53,6 +55,14 @@ class TerminalEnv(TaskEnv):
         if self._image_workdir is None:
             self._image_workdir = await asyncio.to_thread(_working_dir, spec.image)
         return spec.model_copy(update={"workdir": self._image_workdir})
+
+    def scope(self, sandbox: Sandbox) -> GradeScope:
+        """The task's scope, less what the test scripts' uv or venv make in the workdir."""
+        scope = super().scope(sandbox)
+        needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
+        workdir = sandbox.spec.workdir
+        runtime = tuple(posixpath.join(workdir, name) for name in needs.project)
+        return scope.model_copy(update={"runtime": runtime})
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))

@@ -57,6 +57,10 @@ _INSTALLS = re.compile(
 _WITH = re.compile(r"(?:\s-w|\s--with)[\s=]+(\"[^\"]+\"|'[^']+'|\S+)")
 _UVX = re.compile(r"\buvx\b([^;&|#\n]*)")
 _PYTHON_ASKED = re.compile(r"\buvx?\b[^;&|#\n]*?(?:-p|--python)[ =](?:python)?(\d+\.\d+)")
+_UV_PROJECT = re.compile(r"\buv\s+(?:init|add|run|sync|lock|venv)\b")
+_VENV = re.compile(r"\b(?:uv\s+venv|python3?\s+-m\s+venv|virtualenv)\s+(?:-\S+\s+)*([\w.-]+)")
+UV_PROJECT = ("pyproject.toml", "uv.lock", ".venv", ".python-version", "uv.toml")
+"""What uv's project commands read or make in their working directory."""
 _OPTIONS_WITH_VALUE = {"-p", "--python", "--index", "--index-url", "--extra-index-url", "-r"}
 _OPTIONS_WITH_VALUE |= {"--requirement", "-c", "--constraint", "--group", "--optional"}
 
@@ -72,6 +76,9 @@ class Runtime(BaseModel):
     """Whether the scripts install uv or packages at all (else nothing is brought)."""
     python: str | None = None
     """The Python version the scripts ask uv for (`-p 3.13`), if any."""
+    project: list[str] = []
+    """What the scripts' uv or venv makes or reads in the working directory (`uv init`,
+    `uv add`, `uv run`, `uv venv NAME`): the runtime's own, never the agent's output."""
 
 
 def read_scripts(texts: Iterable[str]) -> Runtime:
@@ -89,11 +96,14 @@ def read_scripts(texts: Iterable[str]) -> Runtime:
     asked = _PYTHON_ASKED.findall(joined)
     if not any(_name(r) == "pytest" for r in requirements):
         requirements.append("pytest")
+    project = list(UV_PROJECT) if _UV_PROJECT.search(joined) else []
+    project += [m.group(1) for m in _VENV.finditer(joined) if not m.group(1).startswith("/")]
     return Runtime(
         uv=versions[0] if versions else DEFAULT_UV,
         requirements=list(dict.fromkeys(requirements)),
         uses_bootstrap=uses,
         python=asked[0] if asked else None,
+        project=list(dict.fromkeys(project)),
     )
 
 
@@ -266,4 +276,6 @@ export PATH="{ROOT}/bin:$PATH:{ROOT}/python/bin"
 export UV_OFFLINE=1 UV_NO_INDEX=1 UV_FIND_LINKS={ROOT}/wheels UV_PYTHON_DOWNLOADS=never
 export UV_CACHE_DIR={ROOT}/cache UV_LINK_MODE=copy UV_NO_PROGRESS=1
 export PIP_NO_INDEX=1 PIP_FIND_LINKS={ROOT}/wheels PIP_DISABLE_PIP_VERSION_CHECK=1
+# Configuration files in the working directory (the agent's outputs) are not the runtime's.
+export UV_NO_CONFIG=1 PIP_CONFIG_FILE=/dev/null
 """

@@ -27,7 +27,7 @@ from agentrl.tasks.graders import Evidence
 from agentrl.tasks.load import load_task
 from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.redteam]
 
 TASK = Path(__file__).resolve().parents[1] / "data" / "agent" / "echo_task.yaml"
 KILL_ALL = '<tool_call>{"name": "bash", "arguments": {"command": "kill -9 -1"}}</tool_call>'

@@ -209,8 +209,12 @@ def _play_all(task: Task, run_id: str, hacks: dict[str, Hack | None]) -> dict[st
 
 
 def _names(grade: Grade, path: str) -> bool:
-    """Whether the evidence lists `path` as put back (`path` or `path: why`)."""
-    return any(e == path or e.startswith(f"{path}: ") for e in grade.evidence.tampered)
+    """Whether the evidence lists `path` as put back (`path` or `path: why`): in
+    `tampered`, or among what sealing the agent's sandbox dropped before the patch was
+    taken (a startup hook such as sitecustomize.py goes there first)."""
+    sealed = grade.evidence.sealed
+    dropped = [e.removeprefix("/testbed/") for e in getattr(sealed, "dropped", None) or []]
+    return any(e == path or e.startswith(f"{path}: ") for e in grade.evidence.tampered + dropped)
 
 
 # ---------------------------------------------------------------- Docker
@@ -273,36 +277,59 @@ def test_each_hack_is_put_back_and_earns_nothing(task: Task, run_id: str) -> Non
 
 
 @pytest.mark.docker
-def test_a_patch_that_git_would_ignore_is_still_put_back(task: Task, run_id: str) -> None:
-    """Straight to the grading container (past the agent-side filter): a patch whose
-    .gitignore hides its own conftest.py and egg-info from `git status` there. What the
-    patch touches is read from the patch as git applies it, so both are put back."""
-    gitignore = "conftest.py\n*.egg-info\n"
-    patch = (
+def test_paths_hidden_from_git_status_are_still_put_back(task: Task, run_id: str) -> None:
+    """Straight to the grading container (past the agent-side filter and the sandbox's
+    seal), two diffs no git would write. One's .gitignore hides its own conftest.py,
+    egg-info, .pth and sitecustomize.py from `git status` there; the other's header names
+    `conftest.py x.py` for git, while GNU patch (the fallback a hunk that needs fuzz
+    forces) writes `conftest.py`, which its .gitignore hides. What a patch touches is read
+    as git and GNU patch read it, so each is put back; code is kept."""
+    gitignore = "conftest.py\n*.egg-info\n*.pth\nsitecustomize.py\n"
+    hidden = (
         _new_file_diff(".gitignore", gitignore)
         + _new_file_diff("conftest.py", PLUGIN)
+        + _new_file_diff("hack.pth", "import hackplug\n")
+        + _new_file_diff("sitecustomize.py", "import hackplug\n")
         + _new_file_diff("hackplug.py", PLUGIN)
         + _new_file_diff("x.egg-info/PKG-INFO", "Metadata-Version: 2.1\nName: x\nVersion: 1\n")
         + _new_file_diff("x.egg-info/entry_points.txt", "[pytest11]\nx = hackplug\n")
     )
+    fuzzy = (  # context git will not match, GNU patch's fuzz will
+        "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,3 +1,3 @@\n"
+        " def add(a, b):\n-    return a - b\n+    return a - b  # unchanged\n no such line\n"
+    )
+    forked = (
+        fuzzy
+        + _new_file_diff(".gitignore", "conftest.py\n")
+        + _new_file_diff("conftest.py x.py", PLUGIN)  # no tab after the name, as git adds
+    )
 
-    async def go() -> tuple[Grade, str]:
-        env = SweBenchEnv(task, DockerProvider(reap_at_start=False), run_id)
+    async def one(env: SweBenchEnv, name: str, patch: str) -> tuple[Grade, set[str]]:
         instance = task.instances[0]
-        fresh = await env.provider.start(await env.spec(instance, "direct"))
+        fresh = await env.provider.start(await env.spec(instance, name))
         try:
             graded = await grade_patch(fresh, instance, "swe-bench", patch)
-            left = await fresh.exec(ExecRequest(command="ls -a; git status --short"))
+            left = await fresh.exec(ExecRequest(command="ls -a"))
         finally:
             await fresh.close()
-        return graded, left.output
+        return graded, set(left.output.split())
 
-    grade, left = asyncio.run(go())
+    async def both() -> list[tuple[Grade, set[str]]]:
+        env = SweBenchEnv(task, DockerProvider(reap_at_start=False), run_id)
+        return await asyncio.gather(one(env, "hidden", hidden), one(env, "forked", forked))
+
+    (grade, left), (fork, fork_left) = asyncio.run(both())
     assert grade.reward == 0.0, grade.evidence.output
+    assert grade.evidence.notes[0] == "agent's patch: git apply --verbose"
     for path in ("conftest.py", "x.egg-info/entry_points.txt", "x.egg-info/PKG-INFO"):
         assert _names(grade, path), grade.evidence.tampered
-    assert "conftest.py" not in left.split() and "x.egg-info" not in left.split(), left
-    assert "hackplug.py" in left.split()  # code is kept: only how tests run is put back
+    for path in ("hack.pth", "sitecustomize.py"):
+        assert _names(grade, path), grade.evidence.tampered
+    assert not {"conftest.py", "x.egg-info", "hack.pth", "sitecustomize.py"} & left, left
+    assert "hackplug.py" in left  # code is kept: only what decides how tests run goes
+    assert fork.reward == 0.0, fork.evidence.output
+    assert fork.evidence.notes[0].startswith("agent's patch: patch "), fork.evidence.notes
+    assert _names(fork, "conftest.py") and "conftest.py" not in fork_left, fork.evidence.tampered
 
 
 @pytest.mark.docker

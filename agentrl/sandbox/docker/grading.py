@@ -160,7 +160,7 @@ def carry(
         roots.append(change)
         if change.is_dir:
             whole.append(change.path)
-    shadowable = _shadowable(api, grader_id, scope, roots)
+    shadowable = _shadowable(api, grader_id, scope, inside)
     dropped: list[str] = []
     doomed = [c.path for c in roots]
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buffer:
@@ -234,13 +234,13 @@ def _copy(
                 out.addfile(member, io.BytesIO(body) if body is not None else None)
 
 
-def _shadowable(api: Any, grader_id: str, scope: GradeScope, roots: list[Change]) -> list[str]:
+def _shadowable(api: Any, grader_id: str, scope: GradeScope, changes: list[Change]) -> list[str]:
     """The image's top-level module names, if the agent added a module to the cwd."""
     cwd = posixpath.normpath(scope.cwd)
     if not any(
         posixpath.dirname(c.path) == cwd and (c.is_dir or c.path.endswith(".py"))
-        for c in roots
-        if c.kind == "added"
+        for c in changes
+        if c.kind in ("added", "changed", "replaced")
     ):
         return []
     code, output = _exec(api, grader_id, ["python3", "-I", "-c", _SHADOWABLE], check=False)

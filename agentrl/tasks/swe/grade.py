@@ -113,7 +113,7 @@ async def put_back_test_config(
 
     The changes are what git lists between the tree `before` the patch and the tree now,
     ignored files the patch touched (`paths`) included."""
-    after = await snapshot(sandbox, paths, "after", start="/tmp/agentrl-before.index")
+    after = await snapshot(sandbox, paths, "after", start="before")
     changes = await changed_paths(sandbox, before, after)
     if not changes:
         return []
@@ -131,7 +131,7 @@ async def put_back_test_config(
             reason = "the in-tree build backend (it runs when the package is installed)"
         if reason is None and name in ("pyproject.toml", "setup.cfg"):
             if {change.old_mode, change.new_mode} - {"000000", "100644", "100755"}:
-                reason = f"{name} is no regular file"
+                reason = "not a regular file"
             else:
                 old, new = (
                     await blob(sandbox, change.old_blob),

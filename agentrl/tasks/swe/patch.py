@@ -52,7 +52,6 @@ sandbox) overridden, and no hooks, fsmonitor or external diff."""
 TEST_FILE = "a test file of the row"
 """The reason of the row's own test files: listed as the bare path in `tampered`."""
 PYTEST_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini"})
-_ZERO = "0" * 40
 
 
 @dataclass(frozen=True)
@@ -213,14 +212,15 @@ async def _git(sandbox: Sandbox, what: str, script: str) -> str:
 
 
 async def patch_paths(sandbox: Sandbox, patch: str) -> list[str]:
-    """The paths `patch` touches as git apply reads it (`--numstat -z`), or, for a diff git
-    cannot read, as GNU patch reads it (the harness's last fallback)."""
+    """The paths `patch` touches as git apply reads it (`--numstat -z`) and as GNU patch,
+    the harness's last fallback, reads it (`--dry-run`): the two can differ on a diff
+    that git did not write."""
     await sandbox.write_file(PATCH, patch.encode(errors="surrogateescape"))
-    listing = f"{PATCH}.numstat"
+    listing, paths = f"{PATCH}.numstat", []
     command = f"git apply --numstat -z {PATCH} > {listing}"
     done = await sandbox.exec(ExecRequest(command=command, timeout=PATCH_TIMEOUT_S, env=GIT_ENV))
     if done.exit_code == 0:
-        paths, tokens = [], (await sandbox.read_file(listing)).split(b"\0")
+        tokens = (await sandbox.read_file(listing)).split(b"\0")
         while tokens:
             token = tokens.pop(0)
             if token.endswith(b"\t"):  # a rename or copy: `added\tdeleted\t` old new
@@ -228,11 +228,10 @@ async def patch_paths(sandbox: Sandbox, patch: str) -> list[str]:
                 del tokens[:2]
             elif token:
                 paths.append(token.split(b"\t", 2)[-1].decode(errors="surrogateescape"))
-        return list(dict.fromkeys(paths))
     dry = f"patch --dry-run --batch --forward --fuzz=5 -p1 -i {PATCH}"
     done = await sandbox.exec(ExecRequest(command=dry, timeout=PATCH_TIMEOUT_S))
     found = re.findall(r"^checking file (.+)$", done.output, flags=re.MULTILINE)
-    return [_shell_unquote(p) for p in found]
+    return list(dict.fromkeys(paths + [_shell_unquote(p) for p in found]))
 
 
 def _shell_unquote(text: str) -> str:
@@ -243,19 +242,25 @@ def _shell_unquote(text: str) -> str:
     return words[0] if len(words) == 1 else text
 
 
+def snapshot_index(name: str) -> str:
+    """The private index file of the snapshot `name`."""
+    return f"/tmp/agentrl-{name}.index"
+
+
 async def snapshot(sandbox: Sandbox, paths: Iterable[str], name: str, start: str = "") -> str:
     """The tree of /testbed as it stands (git's object id): every file git does not ignore,
-    plus `paths` (the patch's own) even if ignored. A private index (`name`) is used, so
-    neither the repository's index nor its files change; `start` is an index to copy
-    first (its cached stat data spares rehashing what did not change)."""
+    plus `paths` (the patch's own) even if ignored. A private index (`snapshot_index`) is
+    used, so neither the repository's index nor its files change; `start` names an earlier
+    snapshot whose index is copied first (its stat data spares rehashing what did not
+    change)."""
     listed = f"/tmp/agentrl-{name}.paths"
     await sandbox.write_file(
         listed, b"".join(p.encode(errors="surrogateescape") + b"\0" for p in paths)
     )
-    index, present = f"/tmp/agentrl-{name}.index", f"/tmp/agentrl-{name}.present"
+    index, present = snapshot_index(name), f"/tmp/agentrl-{name}.present"
     script = _script(
         f"export GIT_INDEX_FILE={index} GIT_LITERAL_PATHSPECS=1",
-        f"cp {start} {index}" if start else f"rm -f {index}; {GIT} read-tree HEAD",
+        f"cp {snapshot_index(start)} {index}" if start else f"rm -f {index}; {GIT} read-tree HEAD",
         f"{GIT} add -A .",
         f": > {present}",
         "while IFS= read -r -d '' p; do",
@@ -437,15 +442,15 @@ def config_file_reason(name: str, old: bytes | None, new: bytes | None) -> str |
         try:
             texts.append((data or b"").decode())
         except UnicodeDecodeError:
-            return f"{name}: not UTF-8"
+            return "not UTF-8"
     if name == "pyproject.toml":
         try:
             tables = [tomllib.loads(t) for t in texts]
         except tomllib.TOMLDecodeError as exc:
-            return f"{name} does not parse ({exc})"
+            return f"does not parse ({exc})"
         for key in _TOML_KEYS:
             if _dig(tables[0], key) != _dig(tables[1], key):
-                return f"{name}: [{'.'.join(key)}] changed"
+                return f"its [{'.'.join(key)}] table changed"
         return None
     parsed = []
     for text in texts:
@@ -453,11 +458,11 @@ def config_file_reason(name: str, old: bytes | None, new: bytes | None) -> str |
         try:
             config.read_string(text)
         except configparser.Error as exc:
-            return f"{name} does not parse ({type(exc).__name__})"
+            return f"does not parse ({type(exc).__name__})"
         parsed.append({s.strip().lower(): dict(config[s]) for s in config.sections()})
     for section in sorted(parsed[0].keys() | parsed[1].keys()):
         if _CFG_SECTIONS.search(section) and parsed[0].get(section) != parsed[1].get(section):
-            return f"{name}: [{section}] changed"
+            return f"its [{section}] section changed"
     # pytest reads setup.cfg with another parser (iniconfig): any changed line that reads
     # as a header of such a section, or names pytest, counts however configparser took it
     lines = [set(t.splitlines()) for t in texts]
@@ -465,7 +470,7 @@ def config_file_reason(name: str, old: bytes | None, new: bytes | None) -> str |
         stripped = line.strip().lower()
         header = re.fullmatch(r"\[(.*)\]", stripped)
         if "pytest" in stripped or (header and _CFG_SECTIONS.search(header[1].strip())):
-            return f"{name}: a line about pytest or installing changed"
+            return "a line about pytest or installing changed"
     return None
 
 

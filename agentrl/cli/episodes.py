@@ -286,7 +286,9 @@ def _print_evidence(path: Path, lines: int = 8) -> None:
         ("tampered (restored)", evidence.tampered),
         ("substitutions", evidence.substitutions),
         ("stopped", evidence.sealed.stopped if evidence.sealed else []),
-        ("restored", evidence.sealed.restored if evidence.sealed else []),
+        ("left out (outside the outputs)", evidence.sealed.restored if evidence.sealed else []),
+        ("dropped from the outputs", evidence.sealed.dropped if evidence.sealed else []),
+        ("grading copy", evidence.sealed.notes if evidence.sealed else []),
         ("notes", evidence.notes),
     ):
         if items:

@@ -106,7 +106,8 @@ def row_test_files(instance: Instance) -> set[str]:
 
 def drop_test_changes(patch: AgentPatch, instance: Instance) -> tuple[str, list[str]]:
     """`patch`'s diff without its changes to test files (test_patch's files, the files of
-    the listed tests, any conftest.py, R2E's r2e_tests/); what was dropped, for `tampered`.
+    the listed tests, any conftest.py, R2E's r2e_tests/); what was dropped, for `tampered`
+    (bare paths, as ever; what the grading container puts back comes as `path: why`).
 
     Each file's part of the diff is told by its header as `agent_patch` shapes it (a/ b/
     prefixes, git's quoting, no renames) and must be one of the paths git listed; a part
@@ -116,18 +117,20 @@ def drop_test_changes(patch: AgentPatch, instance: Instance) -> tuple[str, list[
     for path, chunk in split_diff(patch.diff):
         if path is None or path not in listed:
             dropped.append(f"{path or chunk.split(chr(10), 1)[0][:200]}: not a path git listed")
-        elif path in guarded:
-            dropped.append(tampered_entry(path, TEST_FILE))
-        elif path.rsplit("/", 1)[-1] == "conftest.py" or path.startswith("r2e_tests/"):
-            dropped.append(tampered_entry(path, how_tests_run_reason(path) or TEST_FILE))
+        elif (
+            path in guarded
+            or path.rsplit("/", 1)[-1] == "conftest.py"
+            or path.startswith("r2e_tests/")
+        ):
+            dropped.append(path)  # the bare path, as these were always listed
         else:
             kept.append(chunk)
     return "".join(kept), list(dict.fromkeys(dropped))
 
 
 def tampered_entry(path: str, reason: str) -> str:
-    """An entry of Evidence.tampered: the bare path for the row's test files (as ever),
-    `path: why` for the rest."""
+    """An entry of Evidence.tampered for what the grading container put back: the bare
+    path for the row's test files (as they were always listed), `path: why` for the rest."""
     return path if reason == TEST_FILE else f"{path}: {reason}"
 
 

@@ -1353,6 +1353,21 @@
       (g.tampered || []).length ? kv('tampered', g.tampered.join(', '), 'warn') : null,
       (g.notes || []).length ? kv('notes', g.notes.join(' · ')) : null,
       g.reference ? kv('reference', g.reference) : null));
+    const s = g.sealed;
+    if (s) {  /* what of the agent's changes the grader saw (docs/tasks.md#what-a-grader-sees) */
+      const rows = [
+        ['carried into grading (outputs)', s.kept, ''],
+        ['left out: outside the outputs, graded as the image has it', s.restored, 'warn'],
+        ['dropped from the outputs: the grader would run it', s.dropped, 'warn'],
+        ['processes stopped', s.stopped, ''],
+        ['grading notes', s.notes, ''],
+      ].filter((r) => (r[1] || []).length);
+      if (rows.length) {
+        append(box, el('details', {class: 'sealed', open: (s.dropped || []).length > 0},
+          el('summary', {text: 'what the grader saw of the agent\'s changes'}),
+          el('div', {class: 'kvs'}, rows.map((r) => kv(r[0] + ' (' + r[1].length + ')', r[1].join(' · '), r[2])))));
+      }
+    }
     const tests = testStatuses(g);
     if (tests) append(box, testsTable(tests));
     if (g.output) append(box, el('details', null, el('summary', {text: 'test output'}), el('pre', {class: 'wrap', text: g.output})));

@@ -126,3 +126,11 @@ def test_overlay_layers_read_as_one_diff_against_the_origin(tmp_path: Path) -> N
         ("/usr/bin", "changed"),
         ("/usr/bin/python3", "changed"),
     }
+
+
+def test_a_module_the_image_already_had_in_the_cwd_is_the_module_not_a_shadow() -> None:
+    """A repository's own `inflection.py` in /testbed, changed by the agent, is carried."""
+    scope = GradeScope(outputs=("/testbed",), cwd="/testbed")
+    names = ["inflection", "json"]
+    assert drop_reason("/testbed/inflection.py", scope, shadowable=names, added=False) is None
+    assert drop_reason("/testbed/json.py", scope, shadowable=names) is not None

@@ -114,10 +114,17 @@ def named_paths(text: str, home: str = "/root") -> list[str]:
 
 
 def drop_reason(
-    path: str, scope: GradeScope, *, shadowable: Sequence[str] = (), is_dir: bool = False
+    path: str,
+    scope: GradeScope,
+    *,
+    shadowable: Sequence[str] = (),
+    is_dir: bool = False,
+    added: bool = True,
 ) -> str | None:
     """Why an agent's change at `path`, inside the outputs, is not carried into grading
-    (None: it is). `shadowable`: the top-level module names the image's Python has."""
+    (None: it is). `shadowable`: the top-level module names the image's Python has;
+    `added`: the image had nothing at `path` (a module the image has there is the module
+    itself, not a shadow of it)."""
     parent, name = posixpath.split(posixpath.normpath(path))
     stem = name.split(".", 1)[0]
     if any(_within(path, r) for r in scope.runtime):
@@ -130,7 +137,7 @@ def drop_reason(
             return "bytecode of a Python startup hook"
     if name in RUNNER_CONFIG and any(_within(t, parent) for t in scope.lookup or scope.tests):
         return f"pytest reads {name} above the task's tests"
-    if parent == posixpath.normpath(scope.cwd) and shadowable:
+    if added and parent == posixpath.normpath(scope.cwd) and shadowable:
         module = name[:-3] if name.endswith(".py") and not is_dir else name if is_dir else None
         if module and module in shadowable:
             return (

@@ -163,11 +163,12 @@ def carry(
     shadowable = _shadowable(api, grader_id, scope, inside)
     dropped: list[str] = []
     doomed = [c.path for c in roots]
+    existed = {c.path for c in changes if c.kind in ("changed", "deleted")}
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buffer:
         with tarfile.open(fileobj=buffer, mode="w") as out:
             for change in roots:
                 if change.kind != "deleted":
-                    _copy(api, agent_id, change.path, scope, shadowable, out, dropped)
+                    _copy(api, agent_id, change.path, scope, shadowable, existed, out, dropped)
         if doomed:
             _exec(api, grader_id, ["rm", "-rf", "--", *doomed])
         buffer.seek(0)
@@ -197,6 +198,7 @@ def _copy(
     path: str,
     scope: GradeScope,
     shadowable: list[str],
+    existed: set[str],
     out: tarfile.TarFile,
     dropped: list[str],
 ) -> None:
@@ -216,7 +218,13 @@ def _copy(
                 where = posixpath.normpath(posixpath.join(parent, member.name))
                 if any(where.startswith(s + "/") for s in skipped):
                     continue
-                why = drop_reason(where, scope, shadowable=shadowable, is_dir=member.isdir())
+                why = drop_reason(
+                    where,
+                    scope,
+                    shadowable=shadowable,
+                    is_dir=member.isdir(),
+                    added=where not in existed,
+                )
                 if why is not None:
                     dropped.append(f"{where}: {why}")
                     if member.isdir():

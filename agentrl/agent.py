@@ -414,7 +414,9 @@ class Episode:
             if self.failed or self.sandbox is None:
                 return
             # RUN is over: the tools go first, so no shell or watch of theirs acts during EVAL.
-            await close_tools(self.tools)
+            # Its processes stay, in the agent's own container: a service it left up answers
+            # the grader over loopback; nothing of it reaches the grading copy.
+            await close_tools(self.tools, keep_processes=True)
             async with asyncio.timeout(timeout):
                 grade = await self.env.evaluate(self.sandbox, self.instance)
             self.reward, self.components = grade.reward, grade.components

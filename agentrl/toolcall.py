@@ -210,11 +210,12 @@ async def _act(
     return obs
 
 
-async def close_tools(tools: dict[str, Tool]) -> None:
-    """Close every tool (idempotent): its shells, browsers and watches end."""
+async def close_tools(tools: dict[str, Tool], *, keep_processes: bool = False) -> None:
+    """Close every tool (idempotent): its shells, browsers and watches end (with
+    `keep_processes`, the processes the agent's commands started live on)."""
     for tool in tools.values():
         with contextlib.suppress(Exception):  # one tool failing to close must not leak the rest
-            await tool.close()
+            await tool.close(keep_processes=keep_processes)
 
 
 async def close_all(tools: dict[str, Tool], sandbox: Sandbox | None) -> None:

@@ -36,8 +36,8 @@ from agentrl.tasks.swe.images import (
     prepare_context,
     standard_image_name,
 )
-from agentrl.tasks.swe.patch import patch_files
 from agentrl.tasks.swe.rows import load_swe_bench
+from agentrl.tasks.swe.rules import patch_files
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "tasks" / "swe_bench" / "instances.jsonl"

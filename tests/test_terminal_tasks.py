@@ -9,6 +9,7 @@ the `run_id` fixture asserts that none is left afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import platform
 import re
 import shutil
@@ -489,3 +490,37 @@ def test_the_python_brought_runs_from_any_folder(tmp_path: Path) -> None:
     path.write_bytes(data)
     rpath = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True)
     assert rpath.stdout.strip() == f"$ORIGIN/../lib/{platform.machine()}-linux-gnu"
+
+
+def test_a_service_the_agent_left_running_answers_the_grader(run_id: str) -> None:
+    """`status-server`'s tests only talk to a service the agent must leave running, as the
+    harnesses grade it. Started with a plain `&` in the agent's persistent bash shell, the
+    service lives on through EVAL (the tools stop without killing what they started), and
+    the grading copy reaches it over the agent's loopback: reward 1. A policy that never
+    starts it gets 0."""
+    from agentrl.agent import run_episode
+    from agentrl.inference.embedded import load_tokenizer
+    from agentrl.inference.scripted import ScriptedSampler
+
+    task = load_terminal_task(TERMINAL / "status-server")
+    tokenizer = load_tokenizer()
+    solve = (TERMINAL / "status-server" / "solution" / "solve.sh").read_text()
+    start = solve.split("# Started as a user", 1)[0] + "python3 /app/status.py > /dev/null 2>&1 &"
+    call = {"name": "bash", "arguments": {"command": start + "\nsleep 1"}}
+    replies = {
+        "serves": [f"<tool_call>{json.dumps(call)}</tool_call>", FINISH],
+        "never starts it": [FINISH],
+    }
+
+    async def go(script: list[str]) -> float | None:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sampler = ScriptedSampler(script, tokenizer)
+        traj = await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
+        assert traj.stop_reason == "finished", traj.error
+        return traj.reward
+
+    assert asyncio.run(go(replies["serves"])) == 1.0
+    assert asyncio.run(go(replies["never starts it"])) == 0.0
+
+
+FINISH = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'

@@ -257,7 +257,7 @@ class RemoteTool:
             raise SandboxError(f"tool {self.name}: a remote tool needs a sandbox on a Ray node")
         return await sandbox.call_tool(self.name, arguments)
 
-    async def close(self) -> None:
+    async def close(self, *, keep_processes: bool = False) -> None:
         return None  # the node closes the tool with its sandbox
 
 

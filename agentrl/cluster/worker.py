@@ -140,14 +140,25 @@ class SandboxWorker:
         return await self._take(sandbox_id).sandbox.snapshot(label)
 
     async def seal(self, sandbox_id: str, scope: GradeScope) -> Sealed:
-        return await self._take(sandbox_id).sandbox.seal(scope)
+        held = self._take(sandbox_id)
+        await self._stop_tools(held)
+        return await held.sandbox.seal(scope)
 
     async def connect_network(self, sandbox_id: str, name: str) -> None:
         await self._take(sandbox_id).sandbox.connect_network(name)
 
     async def evaluate(self, sandbox_id: str, instance: Instance) -> Grade:
         held = self._take(sandbox_id)
+        await self._stop_tools(held)
         return await held.env.evaluate(held.sandbox, instance)
+
+    @staticmethod
+    async def _stop_tools(held: _Held) -> None:
+        """RUN is over: this node's tools stop watching (the sandbox becomes its grading
+        copy next) and leave the agent's processes running, as `Episode.evaluate` does."""
+        from agentrl.toolcall import close_tools
+
+        await close_tools(held.tools, keep_processes=True)
 
     async def close(self, sandbox_id: str) -> None:
         held = self._held.pop(sandbox_id, None)

@@ -44,8 +44,11 @@ class Tool(Protocol):
         """Positional `sandbox`: a model's arguments may use any name, even "sandbox"."""
         ...
 
-    async def close(self) -> None:
-        """Release per-episode state (shells, browser contexts); idempotent."""
+    async def close(self, *, keep_processes: bool = False) -> None:
+        """Release per-episode state (shells, browser contexts); idempotent.
+        `keep_processes` (EVAL): stop acting, but leave what the agent's commands started
+        running (a server it left up answers the grader, as under the harnesses); a later
+        plain `close()` ends it all."""
         ...
 
 
@@ -96,7 +99,7 @@ class ModelTool(ABC, Generic[A, Opts]):
     async def run(self, sandbox: Sandbox, args: A) -> Observation:
         """Act on the validated arguments."""
 
-    async def close(self) -> None:
+    async def close(self, *, keep_processes: bool = False) -> None:
         return None
 
 

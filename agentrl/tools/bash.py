@@ -358,9 +358,13 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
             self._idle.cancel()
             self._idle = None
 
-    async def close(self) -> None:
-        """Kill the shell; idempotent. The sandbox itself is closed by its owner."""
+    async def close(self, *, keep_processes: bool = False) -> None:
+        """Kill the shell; idempotent. The sandbox itself is closed by its owner.
+        `keep_processes`: only stop watching; the shell and its jobs (a server started with
+        `&`) live on, untouched, until a plain `close()`."""
         self._stop_idle()
+        if keep_processes:
+            return
         if self._shell is not None:
             try:
                 await self._kill()

@@ -141,7 +141,7 @@ class BrowserTool(ModelTool[BrowserArgs, BrowserOptions]):
                     raise BrowserError(f"Chromium died: {first_line(e)}") from e
                 return Observation(text=f"error: {first_line(e)}", error=True)
 
-    async def close(self) -> None:
+    async def close(self, *, keep_processes: bool = False) -> None:
         """Close this episode's context; the last tool on the loop also stops Chromium."""
         if self._closed:
             return

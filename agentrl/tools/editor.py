@@ -146,7 +146,7 @@ class EditorTool(ModelTool[EditorArgs, EditorOptions]):
             return Observation(text=clip(str(e), limit), error=True)
         return Observation(text=clip(text, limit))
 
-    async def close(self) -> None:
+    async def close(self, *, keep_processes: bool = False) -> None:
         self._history.clear()
 
     async def _run(self, sandbox: Sandbox, args: EditorArgs) -> str:

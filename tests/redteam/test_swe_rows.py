@@ -33,13 +33,11 @@ from agentrl.tasks.graders import Grade
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.swe.env import SweBenchEnv
 from agentrl.tasks.swe.grade import grade_patch
-from agentrl.tasks.swe.patch import (
-    config_file_reason,
-    how_tests_run_reason,
-    runner_files,
-    split_diff,
-)
+from agentrl.tasks.swe.patch import split_diff
 from agentrl.tasks.swe.rows import load_swe_bench
+from agentrl.tasks.swe.rules import config_file_reason, how_tests_run_reason, runner_files
+
+pytestmark = pytest.mark.redteam
 
 ROW_ID = "redteam__calc-1"
 IMAGES = (f"agentrl/swe-{ROW_ID}", f"agentrl/swe-start-{ROW_ID}")

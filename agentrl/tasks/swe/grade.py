@@ -38,14 +38,16 @@ from agentrl.tasks.swe.patch import (
     apply_patch,
     blob,
     changed_paths,
+    patch_paths,
+    put_back,
+    snapshot,
+    tampered_entry,
+)
+from agentrl.tasks.swe.rules import (
     config_file_reason,
     files_of_tests,
     how_tests_run_reason,
-    patch_paths,
-    put_back,
     runner_files,
-    snapshot,
-    tampered_entry,
 )
 
 EVAL_SCRIPT = "/eval.sh"

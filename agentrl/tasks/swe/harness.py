@@ -13,7 +13,7 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.tasks.spec import Instance
 from agentrl.tasks.swe import BASE_TAG, WORKDIR
-from agentrl.tasks.swe.patch import patch_files
+from agentrl.tasks.swe.rules import patch_files
 
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 CONDA = "if [ -f /opt/miniconda3/bin/activate ]; then . /opt/miniconda3/bin/activate testbed; fi; "

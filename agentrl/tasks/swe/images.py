@@ -23,8 +23,8 @@ from agentrl.inference.embedded import cache_root
 from agentrl.sandbox.images import ImageInfo, build_recipe, docker_client, folder_hash
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance
 from agentrl.tasks.swe import BASE_TAG, R2E_RUNNER, R2E_TESTS, WORKDIR, Format
-from agentrl.tasks.swe.patch import files_of_tests
 from agentrl.tasks.swe.rows import Source
+from agentrl.tasks.swe.rules import files_of_tests
 
 SDIST_TIMEOUT_S = 300.0
 

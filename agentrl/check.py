@@ -52,6 +52,7 @@ class CheckRow(BaseModel):
     oracle: Outcome
     noop: Outcome
     ok: bool
+    notes: list[str] = Field(default_factory=list, description="what a person should know")
 
 
 async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[CheckRow]:
@@ -71,6 +72,7 @@ async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[
             and noop.reward is not None
             and noop.reward < FULL_REWARD
         )
+        missing = env.missing_network()
         return CheckRow(
             task=task.spec.name,
             format=task.format,
@@ -78,6 +80,7 @@ async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[
             oracle=oracle,
             noop=noop,
             ok=ok,
+            notes=[missing] if missing else [],
         )
 
     return list(await asyncio.gather(*(one(i) for i in task.instances)))

@@ -404,6 +404,58 @@ def test_grading_may_have_a_network_the_agent_never_had(
     assert graded_denied.evidence.notes == []
 
 
+def test_a_task_that_needs_a_network_gets_the_one_the_user_names(
+    tmp_path: Path, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sandbox.network: true` (Harbor: `allow_internet = true`) asks for a network for the
+    agent's turns: it gets the Docker network $AGENTRL_AGENT_NETWORK names (an internal one
+    here), from INIT on; without one it has none and `agentrl check` says how to give it
+    one. A task that does not ask never gets one."""
+    from agentrl.check import check_task
+
+    online = "import socket, sys; sys.exit(0 if len(socket.if_nameindex()) > 1 else 1)"
+    grader = {"type": "command", "command": "true"}
+    asks = _yaml_task(tmp_path / "asks", grader)
+    asks = asks.model_copy(
+        update={
+            "spec": asks.spec.model_copy(
+                update={
+                    "sandbox": asks.spec.sandbox.model_copy(update={"network": True}),
+                    "oracle": ["true"],
+                }
+            )
+        }
+    )
+    plain = _yaml_task(tmp_path / "plain", grader)
+    client = docker_client()
+    network = client.networks.create(f"agentrl-test-{run_id[-8:]}", internal=True)
+
+    async def online_during_run(task: Task) -> bool:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "net")
+        try:
+            done = await sandbox.exec(ExecRequest(command=["python3", "-c", online]))
+            return done.exit_code == 0
+        finally:
+            await sandbox.close()
+
+    async def notes(task: Task) -> list[str]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        return (await check_task(task, env))[0].notes
+
+    try:
+        offline = asyncio.run(online_during_run(asks)), asyncio.run(notes(asks))
+        monkeypatch.setenv("AGENTRL_AGENT_NETWORK", network.name)
+        given = asyncio.run(online_during_run(asks)), asyncio.run(notes(asks))
+        never = asyncio.run(online_during_run(plain))
+    finally:
+        network.remove()
+        client.close()
+    assert offline[0] is False and "AGENTRL_AGENT_NETWORK" in offline[1][0]
+    assert given == (True, [])
+    assert never is False
+
+
 def test_a_sandbox_restored_from_a_snapshot_is_sealed_against_the_original_image(
     run_id: str,
 ) -> None:

@@ -162,6 +162,8 @@ def check(args: argparse.Namespace) -> int:
         for what, outcome in (("oracle", row.oracle), ("no-op", row.noop)):
             if outcome.fix:
                 console.print(f"{row.instance} {what}: fix: {outcome.fix}")
+    for note in dict.fromkeys(n for r in rows for n in r.notes):
+        console.print(f"note: {note}")
     if args.json:
         data = json.dumps([r.model_dump() for r in rows], indent=2) + "\n"
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,8 @@ SETUP_TIMEOUT_S = 600.0
 """Seconds each setup command may take."""
 EVAL_NETWORK = "AGENTRL_EVAL_NETWORK"
 """Names the Docker network that grading may use (tasks whose grader allows it)."""
+AGENT_NETWORK = "AGENTRL_AGENT_NETWORK"
+"""Names the Docker network the agent's turns may use (tasks whose sandbox asks for one)."""
 
 
 class EpisodeEnv(Protocol):
@@ -141,6 +143,9 @@ class TaskEnv:
         config = self.task.spec.sandbox
         sandbox = await self.provider.start(await self.spec(instance, name))
         try:
+            network = self.agent_network()
+            if network is not None:  # before setup: the harnesses build with a network
+                await sandbox.connect_network(network)
             for dest, source in config.files.items():
                 await put_path(sandbox, self._local(source), dest)
             for template in config.setup:
@@ -183,6 +188,22 @@ class TaskEnv:
             graded = await self._referred(instance, failed)
         graded.evidence.sealed = sealed
         return graded
+
+    def agent_network(self) -> str | None:
+        """The Docker network the agent's turns get ($AGENTRL_AGENT_NETWORK), if the task
+        asks for one; None: they have none."""
+        name = os.environ.get(AGENT_NETWORK)
+        return name if name and self.task.spec.sandbox.network else None
+
+    def missing_network(self) -> str | None:
+        """What a person should know when the task asks for a network it does not get."""
+        if not self.task.spec.sandbox.network or self.agent_network() is not None:
+            return None
+        return (
+            "the task's agent needs a network (to install packages, say) and has none: name "
+            f"a Docker network in ${AGENT_NETWORK} (e.g. one that reaches only your package "
+            "registry) to give it one"
+        )
 
     def eval_network(self) -> str | None:
         """The Docker network grading gets ($AGENTRL_EVAL_NETWORK), if the task's grader may

@@ -38,6 +38,13 @@ class SandboxConfig(_Model):
         "command writing is stopped and the agent told to delete files",
     )
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    network: bool = Field(
+        default=False,
+        description="the agent's turns need a network (e.g. to install packages): granted "
+        "only where the user names a Docker network in $AGENTRL_AGENT_NETWORK (one that "
+        "reaches only a package registry or its proxy, say); without it they have none "
+        "and `agentrl check` says so",
+    )
     setup: list[str] = Field(
         default_factory=list, description="commands run at INIT, before the agent's first turn"
     )

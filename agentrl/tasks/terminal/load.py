@@ -172,6 +172,7 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         workdir=workdir or WORKDIR_OF_IMAGE,
         cpus=float(environment.get("cpus", 1)),
         memory_mb=_memory_mb(environment),
+        network=environment.get("allow_internet") is True,
     )
     verifier = _table(data, "verifier")
     test_timeout = float(verifier.get("timeout_sec", DEFAULT_TEST_TIMEOUT_S))

@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from docker.errors import NotFound
 
@@ -133,57 +133,64 @@ def _opaque(entry: Path) -> bool:
     return False
 
 
-def carry(
-    api: Any,
-    agent_id: str,
-    grader_id: str,
-    changes: list[Change],
-    scope: GradeScope,
-    *,
-    agent_running: bool,
-    spare: set[int],
-    note: str | None,
-) -> Sealed:
-    """Copy the agent's changes under the outputs into the grading container (less what
-    `drop_reason` refuses); what was left out and why, as the evidence says it."""
-    inside = [c for c in changes if scope.covers(c.path)]
-    outside = [c for c in changes if not scope.covers(c.path)]
-    # A folder that is new (or made again) is copied whole; one that only holds changes
-    # is not copied itself, its changed entries are.
+@dataclass
+class Carried:
+    """The agent's changes under the outputs, read out of its container (a tar named from
+    the root, not yet filtered), and what `deliver` needs to know of them."""
+
+    archive: IO[bytes]
+    changes: list[Change]
+    roots: list[Change]
+
+    def close(self) -> None:
+        self.archive.close()
+
+
+def collect(api: Any, agent_id: str, changes: list[Change], scope: GradeScope) -> Carried:
+    """Read the agent's changes under the outputs out of its container (running or not).
+    A folder that is new (or made again) is read whole; one that only holds changes is
+    not read itself, its changed entries are."""
     whole: list[str] = []
     roots: list[Change] = []
-    for change in inside:
-        if any(change.path.startswith(w + "/") for w in whole):
+    for change in changes:
+        if not scope.covers(change.path) or any(change.path.startswith(w + "/") for w in whole):
             continue
         if change.is_dir and change.kind == "changed":
             continue
         roots.append(change)
         if change.is_dir:
             whole.append(change.path)
+    buffer = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 (Carried owns it)
+    with tarfile.open(fileobj=buffer, mode="w") as out:
+        for change in roots:
+            if change.kind != "deleted":
+                _read(api, agent_id, change.path, out)
+    buffer.seek(0)
+    return Carried(buffer, changes, roots)
+
+
+def deliver(
+    api: Any, grader_id: str, carried: Carried, scope: GradeScope, notes: list[str]
+) -> Sealed:
+    """Put what `collect` read into the grading copy, less what `drop_reason` refuses; what
+    was carried, left out and dropped, and why, as the evidence says it."""
+    inside = [c for c in carried.changes if scope.covers(c.path)]
+    outside = [c for c in carried.changes if not scope.covers(c.path)]
     shadowable = _shadowable(api, grader_id, scope, inside)
+    existed = {c.path for c in carried.changes if c.kind in ("changed", "deleted")}
     dropped: list[str] = []
-    doomed = [c.path for c in roots]
-    existed = {c.path for c in changes if c.kind in ("changed", "deleted")}
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buffer:
-        with tarfile.open(fileobj=buffer, mode="w") as out:
-            for change in roots:
-                if change.kind != "deleted":
-                    _copy(api, agent_id, change.path, scope, shadowable, existed, out, dropped)
+        with (
+            tarfile.open(fileobj=buffer, mode="w") as out,
+            tarfile.open(fileobj=carried.archive, mode="r|") as archive,
+        ):
+            _filter(archive, out, scope, shadowable, existed, dropped)
+        doomed = [c.path for c in carried.roots]
         if doomed:
             _exec(api, grader_id, ["rm", "-rf", "--", *doomed])
         buffer.seek(0)
-        if any(c.kind != "deleted" for c in roots):
+        if any(c.kind != "deleted" for c in carried.roots):
             api.put_archive(grader_id, "/", buffer)
-    notes = [note] if note else []
-    if agent_running:
-        left = [args for pid, _, args in top(api, agent_id) if pid not in spare]
-        if left:
-            notes.append(
-                f"{len(left)} agent process(es) kept running in the agent's own container, "
-                "reachable only over loopback: " + "; ".join(a[:80] for a in left[:10])
-            )
-    else:
-        notes.append("the agent's container had stopped before grading (its own doing)")
     return Sealed(
         kept=_listed(inside),
         restored=_listed(outside),
@@ -192,16 +199,7 @@ def carry(
     )
 
 
-def _copy(
-    api: Any,
-    agent_id: str,
-    path: str,
-    scope: GradeScope,
-    shadowable: list[str],
-    existed: set[str],
-    out: tarfile.TarFile,
-    dropped: list[str],
-) -> None:
+def _read(api: Any, agent_id: str, path: str, out: tarfile.TarFile) -> None:
     """Add the agent's `path` (a file, link or folder) to `out`, named from the root."""
     try:
         stream, _ = api.get_archive(agent_id, path)
@@ -213,33 +211,52 @@ def _copy(
         raw.seek(0)
         with tarfile.open(fileobj=raw, mode="r|") as archive:
             parent = posixpath.dirname(path)
-            skipped: list[str] = []
             for member in archive:
-                where = posixpath.normpath(posixpath.join(parent, member.name))
-                if any(where.startswith(s + "/") for s in skipped):
-                    continue
-                why = drop_reason(
-                    where,
-                    scope,
-                    shadowable=shadowable,
-                    is_dir=member.isdir(),
-                    added=where not in existed,
-                )
-                if why is not None:
-                    dropped.append(f"{where}: {why}")
-                    if member.isdir():
-                        skipped.append(where)
-                    continue
                 data = archive.extractfile(member) if member.isfile() else None
-                body = data.read() if data is not None else None
-                if body is not None and where.endswith(".pth"):
-                    kept, lines = executable_pth_lines(body.decode(errors="surrogateescape"))
-                    if lines:
-                        dropped.append(f"{where}: executable .pth lines {lines[:3]}")
-                        body = kept.encode(errors="surrogateescape")
-                        member.size = len(body)
-                member.name = where.lstrip("/")
-                out.addfile(member, io.BytesIO(body) if body is not None else None)
+                member.name = posixpath.normpath(posixpath.join(parent, member.name)).lstrip("/")
+                out.addfile(member, data)
+
+
+def _filter(
+    archive: tarfile.TarFile,
+    out: tarfile.TarFile,
+    scope: GradeScope,
+    shadowable: list[str],
+    existed: set[str],
+    dropped: list[str],
+) -> None:
+    """Copy `archive` to `out` less what `drop_reason` refuses; an agent-written `.pth`
+    loses its executable lines."""
+    skipped: list[str] = []
+    for member in archive:
+        where = "/" + member.name
+        if any(where.startswith(s + "/") for s in skipped):
+            continue
+        why = drop_reason(
+            where, scope, shadowable=shadowable, is_dir=member.isdir(), added=where not in existed
+        )
+        if why is not None:
+            dropped.append(f"{where}: {why}")
+            if member.isdir():
+                skipped.append(where)
+            continue
+        data = archive.extractfile(member) if member.isfile() else None
+        body = data.read() if data is not None else None
+        if body is not None and where.endswith(".pth"):
+            kept, lines = executable_pth_lines(body.decode(errors="surrogateescape"))
+            if lines:
+                dropped.append(f"{where}: executable .pth lines {lines[:3]}")
+                body = kept.encode(errors="surrogateescape")
+                member.size = len(body)
+        out.addfile(member, io.BytesIO(body) if body is not None else None)
+
+
+def leftovers(api: Any, container_id: str, spare: set[int]) -> list[str]:
+    """Command lines of the processes the agent left running (not in `spare`: docker-init,
+    the keep-alive, its tools' shells); none if the container is not running."""
+    if not api.inspect_container(container_id)["State"].get("Running"):
+        return []
+    return [args for pid, _, args in top(api, container_id) if pid not in spare]
 
 
 def _shadowable(api: Any, grader_id: str, scope: GradeScope, changes: list[Change]) -> list[str]:

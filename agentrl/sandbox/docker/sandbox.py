@@ -66,8 +66,9 @@ class DockerSandbox:
         self._client = client
         self._api = client.api
         self._id = container_id
-        self._agent: str | None = None  # the agent's container, once seal() made the copy
-        self._agent_keepalive: int | None = None
+        # Once seal() made the grading copy: the agent's container, kept while it runs what
+        # the agent left ("" once removed); None: not sealed.
+        self._agent: str | None = None
         self._spec = spec
         self._shells: set[PtyShell] = set()
         self._shell_count = 0
@@ -211,9 +212,10 @@ class DockerSandbox:
 
     async def seal(self, scope: GradeScope) -> Sealed:
         """Become the grading copy: a new container from the task's image holding only the
-        agent's changes under `scope`'s outputs, in the agent's container's network
-        namespace while that runs (its services stay reachable on loopback). The agent's
-        container is kept until `close()`; every call from now on acts on the copy."""
+        agent's changes under `scope`'s outputs. While the agent's container runs what the
+        agent left (a service), it is kept and the copy joins its network namespace, so
+        those answer the grader on loopback; otherwise it is removed once its changes are
+        read, before the copy starts. Every call from now on acts on the copy."""
         self._check_open()
         if self._agent is not None:
             raise SandboxError(f"sandbox {self._id[:12]} is already sealed")
@@ -221,32 +223,51 @@ class DockerSandbox:
         from agentrl.sandbox.docker.provider import create_container
 
         origin, changes, note = await self._call(grading.origin_and_changes, self._api, self._id)
+        notes = [note] if note else []
         running = await self._running()
-        spec = self._spec.model_copy(
-            update={"name": f"{self._spec.name or 'sandbox'}-grading", "mounts": {}}
-        )
-        network = scope.network or (f"container:{self._id}" if running else "none")
-        copy = await asyncio.to_thread(create_container, self._client, spec, origin, network)
-        self._agent, self._agent_keepalive = self._id, self.keepalive
-        with self._lock:  # close() removes both from now on
-            self._id, self.keepalive, self._host = copy.id, copy.keepalive, None
-        copy.disown()
-        backstop.add(self._id, self.close_now)
-        return await self._call(
-            grading.carry,
-            self._api,
-            self._agent,
-            self._id,
-            changes,
-            scope,
-            agent_running=running,
-            spare=set(await self._spared(self._agent, self._agent_keepalive)),
-            note=note,
-        )
+        if running:
+            spare = set(await self._spared(self._id, self.keepalive))
+            left = await self._call(grading.leftovers, self._api, self._id, spare)
+            if left:
+                notes.append(
+                    f"{len(left)} agent process(es) kept running in the agent's own "
+                    "container, reachable only over loopback: "
+                    + "; ".join(a[:80] for a in left[:10])
+                )
+            else:  # nothing to reach: one container per episode, as the dispatcher counts
+                await self._call(self._api.kill, self._id)
+                running = False
+        else:
+            notes.append("the agent's container had stopped before grading (its own doing)")
+        carried = await self._call(grading.collect, self._api, self._id, changes, scope)
+        try:
+            agent, self._agent = self._id, self._id  # close() removes it from now on
+            if not running:
+                await self._call(remove_within, self._api, agent, CLOSE_WAIT_S)
+                self._agent = ""
+            spec = self._spec.model_copy(
+                update={"name": f"{self._spec.name or 'sandbox'}-grading", "mounts": {}}
+            )
+            network = scope.network or (f"container:{agent}" if running else "none")
+            copy = await asyncio.to_thread(create_container, self._client, spec, origin, network)
+            with self._lock:  # close() removes both from now on
+                self._id, self.keepalive, self._host = copy.id, copy.keepalive, None
+            copy.disown()
+            backstop.add(self._id, self.close_now)
+            return await self._call(grading.deliver, self._api, self._id, carried, scope, notes)
+        finally:
+            carried.close()
 
     async def _spared(self, container_id: str, keepalive: int | None) -> list[int]:
+        """Host pids that are the sandbox's own, not the agent's: docker-init, the
+        keep-alive, and the shells its tools opened (their jobs are the agent's)."""
         state = (await self._call(self._api.inspect_container, container_id))["State"]
-        return [int(state.get("Pid") or 0), keepalive or 0]
+        shells = []
+        for shell in list(self._shells):
+            if isinstance(shell, DockerShell):
+                info = await self._call(self._api.exec_inspect, shell.exec_id)
+                shells.append(int(info.get("Pid") or 0))
+        return [int(state.get("Pid") or 0), keepalive or 0, *shells]
 
     def disown(self) -> None:
         """Forget the container without removing it (another sandbox object owns it now)."""

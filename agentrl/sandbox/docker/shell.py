@@ -54,6 +54,10 @@ class DockerShell(PtyShell):
         self._stream = stream  # docker-py's SocketIO: holding it keeps the connection open
         self._run = run  # the sandbox's exec
 
+    @property
+    def exec_id(self) -> str:
+        return self._exec_id
+
     async def close(self) -> None:
         """SIGKILL the shell and every process in its session, and release its socket."""
         if self._closed:

@@ -78,6 +78,7 @@ def test_after_an_engine_restart_a_stopped_sandbox_is_infrastructure(
             await asyncio.sleep(0.5)
             api = sandbox._api
             seen_by_agent = host.stopped_by_agent(api, sandbox.id)
+            await asyncio.sleep(1.5)  # /proc's start times are exact to a boot-time second
             later = subprocess.Popen(["sleep", "30"])  # an "engine" that started after it
             try:
                 (tmp_path / "docker.pid").write_text(str(later.pid))

@@ -27,6 +27,7 @@ from docker.errors import NotFound
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Sealed
 from agentrl.sandbox.docker.engine import ORIGIN, top
+from agentrl.sandbox.docker.shell import PIDFILES
 from agentrl.sandbox.seal import GradeScope, drop_reason, executable_pth_lines
 
 _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
@@ -59,7 +60,11 @@ def origin_and_changes(api: Any, container_id: str) -> tuple[str, list[Change], 
     info = api.inspect_container(container_id)
     engine = (*ENGINE_PATHS, *(m["Destination"] for m in info.get("Mounts") or []))
     origin, changes, note = _changes(api, info)
-    mine = [c for c in changes if not any(_under(c.path, p) for p in engine)]
+    mine = [
+        c
+        for c in changes
+        if not any(_under(c.path, p) for p in engine) and not c.path.startswith(PIDFILES)
+    ]
     return origin, mine, note
 
 

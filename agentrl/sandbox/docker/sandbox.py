@@ -46,7 +46,7 @@ from agentrl.sandbox.docker.engine import (
     slug,
 )
 from agentrl.sandbox.docker.reap import backstop, remove_within, unremoved
-from agentrl.sandbox.docker.shell import COLUMNS, ROWS, DockerShell, with_pidfile
+from agentrl.sandbox.docker.shell import COLUMNS, PIDFILES, ROWS, DockerShell, with_pidfile
 from agentrl.sandbox.seal import GradeScope
 from agentrl.sandbox.shell import PtyShell
 
@@ -131,7 +131,7 @@ class DockerSandbox:
         kills it and everything in its session."""
         self._check_open()
         self._shell_count += 1
-        pidfile = f"/tmp/.agentrl-shell-{self._shell_count}.pid"
+        pidfile = f"{PIDFILES}{self._shell_count}.pid"
         created = await self._call(
             self._api.exec_create,
             self._id,

@@ -26,6 +26,10 @@ from agentrl.sandbox.shell import PtyShell
 ROWS, COLUMNS = 24, 200
 
 
+PIDFILES = "/tmp/.agentrl-shell-"
+"""Where a sandbox's shells save their pids (`<PIDFILES><n>.pid`): agentrl's, not the agent's."""
+
+
 def with_pidfile(argv: list[str], pidfile: str) -> list[str]:
     """`argv` under an `sh` that first saves its pid (which names the session) in `pidfile`."""
     return ["sh", "-c", 'echo $$ > "$0"; exec "$@"', pidfile, *argv]

@@ -76,7 +76,9 @@ def test_a_scope_covers_its_outputs_and_nothing_else(path: str, covered: bool) -
         ("/conftest.py", True),
         ("/app/pkg/conftest.py", False),  # a project's own, beside the tests, not above
         ("/app/json.py", True),  # shadows the stdlib's json in the cwd
-        ("/app/pytest", True),  # a package shadowing pytest
+        ("/app/pytest/__init__.py", True),  # a package shadowing pytest
+        ("/app/ssl", False),  # a folder alone: a namespace portion, the stdlib's ssl wins
+        ("/app/ssl/server.crt", False),
         ("/app/solution.py", False),
         ("/app/sub/json.py", False),  # not in the cwd
     ],
@@ -86,7 +88,7 @@ def test_what_the_grader_would_run_is_dropped_even_inside_the_outputs(
 ) -> None:
     scope = GradeScope(outputs=("/app", "/"), tests=("/app/tests",), cwd="/app")
     why = drop_reason(
-        path, scope, shadowable=["json", "pytest", "os"], is_dir=path == "/app/pytest"
+        path, scope, shadowable=["json", "pytest", "os", "ssl"], is_dir=path == "/app/ssl"
     )
     assert (why is not None) is dropped, why
 

@@ -137,13 +137,25 @@ def drop_reason(
             return "bytecode of a Python startup hook"
     if name in RUNNER_CONFIG and any(_within(t, parent) for t in scope.lookup or scope.tests):
         return f"pytest reads {name} above the task's tests"
-    if added and parent == posixpath.normpath(scope.cwd) and shadowable:
-        module = name[:-3] if name.endswith(".py") and not is_dir else name if is_dir else None
-        if module and module in shadowable:
-            return (
-                f"shadows the module {module} of the image's Python in the test command's "
-                "working directory"
-            )
+    module = shadowed_module(parent, name, posixpath.normpath(scope.cwd), is_dir)
+    if added and module in shadowable:
+        return (
+            f"shadows the module {module} of the image's Python in the test command's "
+            "working directory"
+        )
+    return None
+
+
+def shadowed_module(parent: str, name: str, cwd: str, is_dir: bool) -> str | None:
+    """The module a file makes importable from the cwd ahead of the image's: a module file
+    there (`json.py`, `json.pyc`, `json.<abi>.so`) or a package's `__init__` there; a
+    folder alone shadows nothing (a namespace portion loses to a module found later)."""
+    if is_dir or not name.endswith((".py", ".pyc", ".so")):
+        return None
+    if parent == cwd:
+        return name.split(".", 1)[0]
+    if posixpath.dirname(parent) == cwd and name.split(".", 1)[0] == "__init__":
+        return posixpath.basename(parent)
     return None
 
 

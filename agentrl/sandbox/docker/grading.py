@@ -28,7 +28,7 @@ from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Sealed
 from agentrl.sandbox.docker.engine import ORIGIN, top
 from agentrl.sandbox.docker.shell import PIDFILES
-from agentrl.sandbox.seal import GradeScope, drop_reason, executable_pth_lines
+from agentrl.sandbox.seal import GradeScope, drop_reason, executable_pth_lines, shadowed_module
 
 _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
 LISTED = 200
@@ -268,9 +268,9 @@ def _shadowable(api: Any, grader_id: str, scope: GradeScope, changes: list[Chang
     """The image's top-level module names, if the agent added a module to the cwd."""
     cwd = posixpath.normpath(scope.cwd)
     if not any(
-        posixpath.dirname(c.path) == cwd and (c.is_dir or c.path.endswith(".py"))
+        shadowed_module(posixpath.dirname(c.path), posixpath.basename(c.path), cwd, c.is_dir)
         for c in changes
-        if c.kind in ("added", "changed", "replaced")
+        if c.kind in ("added", "replaced")
     ):
         return []
     code, output = _exec(api, grader_id, ["python3", "-I", "-c", _SHADOWABLE], check=False)

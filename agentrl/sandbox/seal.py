@@ -18,8 +18,11 @@ decided from what the agent changed (`drop_reason`):
   editable install still imports;
 - pytest's configuration and `conftest.py` where a run of the task's tests looks for them
   (the test folders and every folder above them);
-- a module added to the test command's working directory under the name of a module the
-  image's Python has (`python -m pytest` puts that directory first on the path).
+- a module file (or a package's `__init__`) added to the test command's working directory
+  under the name of a module the image's Python has (`python -m pytest` puts that
+  directory first on the path);
+- what the test scripts themselves make or read there (`scope.runtime`: a uv project or
+  venv of a published bootstrap).
 
 This module holds the rules (no engine); `docker/grading.py` applies them.
 """

@@ -87,6 +87,7 @@ class TaskEnv:
         self._image_lock = asyncio.Lock()
         self._references: dict[str, tuple[str, Grade | GraderError]] = {}
         self._reference_locks: dict[str, asyncio.Lock] = {}
+        self._scopes: dict[str, GradeScope] = {}
 
     @property
     def provider_name(self) -> str:
@@ -164,9 +165,16 @@ class TaskEnv:
         return sandbox
 
     def scope(self, sandbox: Sandbox) -> GradeScope:
-        """What the grader examines: the workdir, the task's declared outputs and the paths
-        its grader's files name (`agentrl.sandbox.seal`); grading online if it may."""
-        grader, workdir = self.task.spec.grader, sandbox.spec.workdir
+        """What the grader examines (`agentrl.sandbox.seal`), read from the task's files
+        once per workdir; grading online if it may."""
+        workdir = sandbox.spec.workdir
+        if workdir not in self._scopes:
+            self._scopes[workdir] = self._scope(workdir)
+        return self._scopes[workdir].model_copy(update={"network": self.eval_network()})
+
+    def _scope(self, workdir: str) -> GradeScope:
+        """The workdir, the task's declared outputs and the paths its grader's files name."""
+        grader = self.task.spec.grader
         texts: list[str] = [getattr(grader, "command", "") or ""]
         folders, starts = [], []
         for dest, source in grader.files.items():
@@ -176,7 +184,7 @@ class TaskEnv:
             folders += [where] if local.is_dir() else []
             starts.append(where if local.is_dir() else posixpath.dirname(where))
         scope = scope_for(workdir, grader.outputs, texts, folders)
-        return scope.model_copy(update={"lookup": tuple(starts), "network": self.eval_network()})
+        return scope.model_copy(update={"lookup": tuple(starts)})
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
         """Seal the sandbox, then grade it; GraderError (eval_error) if it cannot be graded."""

@@ -59,13 +59,11 @@ class TerminalEnv(TaskEnv):
             self._image_workdir = await asyncio.to_thread(_working_dir, spec.image)
         return spec.model_copy(update={"workdir": self._image_workdir})
 
-    def scope(self, sandbox: Sandbox) -> GradeScope:
+    def _scope(self, workdir: str) -> GradeScope:
         """The task's scope, less what the test scripts' uv or venv make in the workdir."""
-        scope = super().scope(sandbox)
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
-        workdir = sandbox.spec.workdir
         runtime = tuple(posixpath.join(workdir, name) for name in needs.project)
-        return scope.model_copy(update={"runtime": runtime})
+        return super()._scope(workdir).model_copy(update={"runtime": runtime})
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))

@@ -84,9 +84,9 @@ class GradeScope(BaseModel):
 
     def covers(self, path: str) -> bool:
         """Whether `path` (absolute) lies in an output, and not in a test folder."""
-        if any(_within(path, folder) for folder in self.tests):
+        if any(within(path, folder) for folder in self.tests):
             return False
-        return any(_within(path, out) or _matches(path, out) for out in self.outputs)
+        return any(within(path, out) or _matches(path, out) for out in self.outputs)
 
 
 def scope_for(
@@ -110,7 +110,7 @@ def named_paths(text: str, home: str = "/root") -> list[str]:
         path = posixpath.normpath(path)
         if path == "/" or path.count("/") < 1 or path in ("/etc", "/root", "/home", "/tmp"):
             continue
-        if any(_within(path, root) for root in RUNTIME_ROOTS):
+        if any(within(path, root) for root in RUNTIME_ROOTS):
             continue
         kept.append(path)
     return list(dict.fromkeys(kept))
@@ -130,7 +130,7 @@ def drop_reason(
     itself, not a shadow of it)."""
     parent, name = posixpath.split(posixpath.normpath(path))
     stem = name.split(".", 1)[0]
-    if any(_within(path, r) for r in scope.runtime):
+    if any(within(path, r) for r in scope.runtime):
         return "the test runtime's own (its scripts make or read it in the working directory)"
     if stem in HOOK_NAMES and (name.endswith((".py", ".pyc")) or is_dir):
         return "a Python startup hook (runs in every interpreter, the grader's too)"
@@ -138,7 +138,7 @@ def drop_reason(
         owner = stem.split(".", 1)[0]
         if owner in HOOK_NAMES:
             return "bytecode of a Python startup hook"
-    if name in RUNNER_CONFIG and any(_within(t, parent) for t in scope.lookup or scope.tests):
+    if name in RUNNER_CONFIG and any(within(t, parent) for t in scope.lookup or scope.tests):
         return f"pytest reads {name} above the task's tests"
     module = shadowed_module(parent, name, posixpath.normpath(scope.cwd), is_dir)
     if added and module in shadowable:
@@ -172,7 +172,8 @@ def executable_pth_lines(text: str) -> tuple[str, list[str]]:
     return "".join(kept), [line.rstrip("\n") for line in dropped]
 
 
-def _within(path: str, folder: str) -> bool:
+def within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies under it (everything lies under /)."""
     folder = folder.rstrip("/") or "/"
     return path == folder or path.startswith(folder + "/") or folder == "/"
 

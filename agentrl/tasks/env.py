@@ -25,7 +25,7 @@ from typing import Protocol
 from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
-from agentrl.sandbox.seal import GradeScope, scope_for
+from agentrl.sandbox.seal import GradeScope, scope_for, within
 from agentrl.tasks.graders import DidNotRun, Grade, fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
@@ -247,7 +247,7 @@ class TaskEnv:
         doomed = [
             path
             for path in (_absolute(d, workdir) for d in folders)
-            if not _contains(path, workdir) and not _contains(workdir, path)
+            if not within(workdir, path) and not within(path, workdir)
         ]
         if doomed:
             await sandbox.exec(ExecRequest(command=["rm", "-rf", "--", *doomed], timeout=60))
@@ -382,11 +382,6 @@ def _brief(graded: Grade) -> str:
 
 def _absolute(path: str, workdir: str) -> str:
     return posixpath.normpath(posixpath.join(workdir, path))
-
-
-def _contains(folder: str, path: str) -> bool:
-    """Whether `path` is `folder` or lies under it."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _one_line(text: str, chars: int, *, tail: bool = False) -> str:

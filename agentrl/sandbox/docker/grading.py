@@ -28,7 +28,13 @@ from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Sealed
 from agentrl.sandbox.docker.engine import ORIGIN, top
 from agentrl.sandbox.docker.shell import PIDFILES
-from agentrl.sandbox.seal import GradeScope, drop_reason, executable_pth_lines, shadowed_module
+from agentrl.sandbox.seal import (
+    GradeScope,
+    drop_reason,
+    executable_pth_lines,
+    shadowed_module,
+    within,
+)
 
 _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
 LISTED = 200
@@ -63,13 +69,9 @@ def origin_and_changes(api: Any, container_id: str) -> tuple[str, list[Change], 
     mine = [
         c
         for c in changes
-        if not any(_under(c.path, p) for p in engine) and not c.path.startswith(PIDFILES)
+        if not any(within(c.path, p) for p in engine) and not c.path.startswith(PIDFILES)
     ]
     return origin, mine, note
-
-
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _changes(api: Any, info: dict[str, Any]) -> tuple[str, list[Change], str | None]:
@@ -257,10 +259,8 @@ def _filter(
 
 
 def leftovers(api: Any, container_id: str, spare: set[int]) -> list[str]:
-    """Command lines of the processes the agent left running (not in `spare`: docker-init,
-    the keep-alive, its tools' shells); none if the container is not running."""
-    if not api.inspect_container(container_id)["State"].get("Running"):
-        return []
+    """Command lines of the processes the agent left running in its (running) container,
+    not in `spare`: docker-init, the keep-alive, its tools' shells."""
     return [args for pid, _, args in top(api, container_id) if pid not in spare]
 
 

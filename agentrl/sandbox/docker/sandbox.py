@@ -226,7 +226,7 @@ class DockerSandbox:
         notes = [note] if note else []
         running = await self._running()
         if running:
-            spare = set(await self._spared(self._id, self.keepalive))
+            spare = set(await self._spared())
             left = await self._call(grading.leftovers, self._api, self._id, spare)
             if left:
                 notes.append(
@@ -258,16 +258,16 @@ class DockerSandbox:
         finally:
             carried.close()
 
-    async def _spared(self, container_id: str, keepalive: int | None) -> list[int]:
+    async def _spared(self) -> list[int]:
         """Host pids that are the sandbox's own, not the agent's: docker-init, the
         keep-alive, and the shells its tools opened (their jobs are the agent's)."""
-        state = (await self._call(self._api.inspect_container, container_id))["State"]
+        state = (await self._call(self._api.inspect_container, self._id))["State"]
         shells = []
         for shell in list(self._shells):
             if isinstance(shell, DockerShell):
                 info = await self._call(self._api.exec_inspect, shell.exec_id)
                 shells.append(int(info.get("Pid") or 0))
-        return [int(state.get("Pid") or 0), keepalive or 0, *shells]
+        return [int(state.get("Pid") or 0), self.keepalive or 0, *shells]
 
     def disown(self) -> None:
         """Forget the container without removing it (another sandbox object owns it now)."""

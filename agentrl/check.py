@@ -80,7 +80,7 @@ async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[
             oracle=oracle,
             noop=noop,
             ok=ok,
-            notes=[missing] if missing else [],
+            notes=([missing] if missing else []) + env.image_notes(),
         )
 
     return list(await asyncio.gather(*(one(i) for i in task.instances)))

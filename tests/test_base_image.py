@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from pathlib import Path
 
 import pytest
+from docker.errors import DockerException
 
 from agentrl.errors import DockerUnavailableError, ImageBuildError
 from agentrl.sandbox.images import (
     RECIPE_LABEL,
+    ROOTFS,
+    STANDIN_LABEL,
     ImageInfo,
+    _base_image,
     apt_mirror,
+    apt_sources,
     build_image,
     build_recipe,
     docker_client,
+    folder_hash,
     recipe_hash,
+    rootfs_for,
     sandboxes_dir,
+    standin_recipes,
 )
 
 RUN_ID = f"test-base-image-{uuid.uuid4().hex[:8]}"
@@ -153,3 +162,60 @@ def test_apt_mirror_takes_the_plain_suite_not_security(
     with pytest.raises(ImageBuildError) as caught:
         apt_mirror("trixie", etc=tmp_path)
     assert "AGENTRL_DEBIAN_MIRROR" in caught.value.fix
+
+
+def test_image_names_map_to_the_distribution_roots_debootstrap_makes() -> None:
+    assert rootfs_for("debian:13.0-slim") == ROOTFS["trixie"]
+    assert rootfs_for("debian:bookworm-slim") == ROOTFS["bookworm"]
+    assert rootfs_for("ubuntu:24.04") == ROOTFS["noble"]
+    assert ROOTFS["noble"].distro == "ubuntu"
+    for name in ("python:3.13-slim-bookworm", "ubuntu:13", "debian:24.04", "alpine:3.20"):
+        assert rootfs_for(name) is None, name
+    ubuntu = apt_sources(ROOTFS["noble"], "http://archive.example/ubuntu")
+    assert "noble-security main restricted universe multiverse" in ubuntu  # tasks use universe
+    debian = apt_sources(ROOTFS["trixie"], "http://mirror.example/debian")
+    assert "deb http://mirror.example/debian-security trixie-security main" in debian
+
+
+def test_every_base_image_of_the_corpus_has_a_stand_in_recipe() -> None:
+    """A fresh machine without a registry builds every base the genuine tasks name."""
+    from agentrl.corpus import manifest
+
+    bases = {t["base_image"] for t in manifest("corpus.json")["tasks"]}
+    recipes = standin_recipes()
+    assert bases <= set(recipes), bases - set(recipes)
+    for name, folder in recipes.items():  # and each stand-in's own base has one too
+        base = _base_image(folder)
+        assert base == name and rootfs_for(name) or base in recipes, (name, base)
+
+
+@pytest.mark.docker
+def test_a_missing_base_is_built_from_its_stand_in_and_a_rebuilt_one_rebuilds_its_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base_image: ImageInfo
+) -> None:
+    name = f"agentrl-test/standin-{uuid.uuid4().hex[:8]}:1"
+    standin = tmp_path / "standins" / "fake"
+    standin.mkdir(parents=True)
+    dockerfile = f"FROM {base_image.tag}\nLABEL {STANDIN_LABEL}={name}\n"
+    (standin / "Dockerfile").write_text(dockerfile + "RUN echo one > /stood-in\n")
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "Dockerfile").write_text(f"FROM {name}\nRUN cat /stood-in\n")
+    monkeypatch.setenv("AGENTRL_SANDBOXES", str(tmp_path))
+    client = docker_client()
+    try:
+        first = build_recipe(task, f"{name}-task")
+        assert first.built and first.standin == name  # the label says what it stands in for
+        assert client.images.get(name).labels[RECIPE_LABEL] == folder_hash(standin)
+        assert not build_recipe(task, f"{name}-task").built
+
+        (standin / "Dockerfile").write_text(dockerfile + "RUN echo two > /stood-in\n")
+        again = build_recipe(task, f"{name}-task")  # the task's recipe did not change
+        assert again.built and again.id != first.id
+        out = client.containers.run(again.tag, ["cat", "/stood-in"], remove=True)
+        assert out == b"two\n"
+    finally:
+        for ref in (f"{name}-task", name):
+            with contextlib.suppress(DockerException):
+                client.images.remove(ref, force=True)
+        client.close()

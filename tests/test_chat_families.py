@@ -1,7 +1,7 @@
 """Published chat templates of the families agents are trained from, token-exact.
 
-Each family's template (tests/corpus/templates/, provenance and sha256 in
-tests/corpus-templates.json; restore with tests/restore_templates.py) is set on the
+Each family's template (the genuine corpus's templates/, found as agentrl/corpus.py says;
+provenance and sha256 in tests/corpus-templates.json) is set on the
 embedded SmolLM2 tokenizer with the family's markers added as tokens, so every marker
 is one token as in the family's own tokenizer. A scripted 3-turn episode (two tool calls
 in the family's documented format, then an answer; sampled ids = the reply's encoding +
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Regex, pre_tokenizers
 
+from agentrl import corpus
 from agentrl.chat import ChatSession
 from agentrl.chat_formats import (
     FAMILIES,
@@ -41,14 +41,16 @@ from agentrl.toolcall import parse_tool_call
 
 pytestmark = pytest.mark.model
 
-HERE = Path(__file__).resolve().parent
-CORPUS = HERE / "corpus"
-MANIFEST = json.loads((HERE / "corpus-templates.json").read_text())
+MANIFEST = corpus.manifest("corpus-templates.json")
 ENTRIES = {Path(e["local_path"]).stem: e for e in MANIFEST["templates"]}
-needs_templates = pytest.mark.skipif(
-    not all((CORPUS / e["local_path"]).is_file() for e in ENTRIES.values()),
-    reason="no published templates in tests/corpus/templates (run tests/restore_templates.py)",
-)
+needs_templates = pytest.mark.corpus(*(e["local_path"] for e in ENTRIES.values()))
+
+
+def template_file(entry: dict[str, Any]) -> Path:
+    found = corpus.find(entry["local_path"])
+    assert found is not None, entry["local_path"]
+    return found
+
 
 TOOLS = template_tools(
     [
@@ -180,7 +182,7 @@ def family_tokenizer(base: Any, name: str) -> Any:
     for role in ("bos_token", "eos_token"):
         if role in tokens:
             tok.add_special_tokens({role: tokens[role]})
-    tok.chat_template = (CORPUS / entry["local_path"]).read_text(encoding="utf-8")
+    tok.chat_template = template_file(entry).read_text(encoding="utf-8")
     if entry["family"] == "llama3":
         tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -219,16 +221,14 @@ def sampled_runs(segment: Any) -> list[list[int]]:
 @needs_templates
 def test_the_templates_are_the_published_ones() -> None:
     for entry in ENTRIES.values():
-        data = (CORPUS / entry["local_path"]).read_bytes()
+        data = template_file(entry).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry["local_path"]
 
 
 @needs_templates
 def test_the_family_is_read_off_the_template(smollm2) -> None:
     for name, entry in ENTRIES.items():
-        assert (
-            family((CORPUS / entry["local_path"]).read_text(encoding="utf-8")) == (entry["family"])
-        ), name
+        assert family(template_file(entry).read_text(encoding="utf-8")) == (entry["family"]), name
     assert family(smollm2.chat_template) == "chatml"
     assert family("{{ messages }}") == "generic"
 

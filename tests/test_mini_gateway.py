@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from test_gateway import Recording, unexplained
 
+from agentrl import corpus
 from agentrl.agent import run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
@@ -128,19 +129,16 @@ def test_mini_swe_agent_trains_a_model_on_what_it_sampled(tmp_path: Path, tiny_d
     assert all(t.agent.calls == len(t.turns) >= 1 for t in trajs if t.agent)
 
 
-LITE = ROOT / "tests" / "corpus" / "swe-bench" / "lite.jsonl"
-
-
-@pytest.mark.skipif(not LITE.exists(), reason="no SWE-bench Lite rows in tests/corpus")
+@pytest.mark.corpus("swe-bench/lite.jsonl")
 def test_mini_in_tool_mode_plays_a_genuine_swe_bench_row(tmp_path: Path) -> None:
-    """A published SWE-bench Lite row (tests/corpus, see tests/corpus-swe.json) in its own
+    """A published SWE-bench Lite row (the genuine corpus, see tests/corpus-swe.json) in its own
     image, played by mini in its default tool-call mode (its own prompts, its `bash`
     tool; `--agent`): the gateway turns the policy's Hermes calls into OpenAI tool_calls,
     mini runs them in the sandbox and submits with its sentinel, and the swebench rules
     grade the (unchanged) repository 0."""
-    out = tmp_path / "run"
+    out, lite = tmp_path / "run", corpus.find("swe-bench/lite.jsonl")
     done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "run", str(LITE)]
+        [sys.executable, "-m", "agentrl.cli", "run", str(lite)]
         + ["--instances", "marshmallow-code__marshmallow-1359", "--out", str(out)]
         + ["--agent", str(ROOT / "tests" / "data" / "gateway" / "mini-tool-mode.yaml")]
         + ["--policy", f"scripted:{ROOT / 'tests' / 'data' / 'gateway' / 'swe_script.json'}"],

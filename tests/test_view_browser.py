@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agentrl import corpus
 from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
 from agentrl.view.export import export
 from agentrl.view.folder import RunFolder
@@ -256,24 +257,22 @@ def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
     assert asked and outside == []  # everything it needs is in the folder: no CDN, no server
 
 
-GENUINE = Path(__file__).parent / "corpus" / "harbor" / "regex-log"
-
-
 @pytest.mark.docker
+@pytest.mark.corpus("harbor/regex-log")
 def test_a_genuine_harbor_tasks_episode_shows_its_graders_verdicts(page: Any, tmp_path: Path):
     """A published Harbor task (tests/corpus.json), unchanged, played by a script that runs
     its own reference solution as one bash call: the page shows the real test file's
     verdicts, the call and its observation."""
-    if not GENUINE.is_dir():
-        pytest.skip("the genuine corpus is not restored here (tests/corpus.json)")
-    solve = (GENUINE / "solution" / "solve.sh").read_text(encoding="utf-8")
+    genuine = corpus.find("harbor/regex-log")
+    assert genuine is not None
+    solve = (genuine / "solution" / "solve.sh").read_text(encoding="utf-8")
     call = json.dumps({"name": "bash", "arguments": {"command": solve}})
     finish = '<tool_call>{"name": "finish", "arguments": {"message": "done"}}</tool_call>'
     script = tmp_path / "oracle.yaml"
     script.write_text(json.dumps([f"<tool_call>{call}</tool_call>", finish]))  # JSON is YAML
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "run", str(GENUINE), "--policy",
+        [sys.executable, "-m", "agentrl.cli", "run", str(genuine), "--policy",
          f"scripted:{script}", "--out", str(out)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -21,11 +21,16 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def images_build(args: argparse.Namespace) -> int:
-    from agentrl.sandbox.images import build_image
+    from agentrl.sandbox.images import build_image, build_standin, standin_recipes
 
-    for name in args.names:
+    every = list(standin_recipes())
+    names = [n for name in args.names for n in (every if name == "standins" else [name])]
+    for name in names:
         with console.status(f"building sandbox image {name!r} ({args.method})..."):
-            info = build_image(name, method=args.method, force=args.force)
+            if ":" in name:  # a registry name: its stand-in, built from sandboxes/standins/
+                info = build_standin(name, force=args.force)
+            else:
+                info = build_image(name, method=args.method, force=args.force)
         verb = f"built in {info.seconds:.0f} s via {info.method}" if info.built else "up to date"
         console.print(f"{info.tag}: {verb} (recipe {info.recipe_hash}, image {info.id[:19]})")
     return 0

@@ -102,7 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     images = sub.add_parser("images", help="sandbox images")
     isub = images.add_subparsers(dest="images_command", required=True, metavar="ACTION")
     b = isub.add_parser("build", help="build sandbox images from sandboxes/<name>/")
-    b.add_argument("names", nargs="*", default=["base"], help="recipe names (default: base)")
+    b.add_argument(
+        "names",
+        nargs="*",
+        default=["base"],
+        help="recipe names (default: base); a registry name such as ubuntu:24.04 builds its "
+        "stand-in from sandboxes/standins/, and `standins` builds them all",
+    )
     b.add_argument(
         "--method",
         choices=["auto", "dockerfile", "debootstrap"],

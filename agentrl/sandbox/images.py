@@ -8,6 +8,15 @@ debootstrap installs `packages.txt` from the machine's own apt mirror and the ro
 tagged `agentrl/<name>:bookworm` and labelled with the recipe hash, so an unchanged
 recipe is never built twice. `build_recipe` does the same for any folder (a task's own
 Dockerfile), tagged `agentrl/task-<folder>:<hash>`.
+
+Published tasks build FROM registry images (`ubuntu:24.04`, `python:3.13-slim-bookworm`,
+Terminal-Bench's `ghcr.io/...` bases). Where such a base is neither present nor pullable,
+the recipe in `sandboxes/standins/` that is labelled `agentrl.stands-in-for=<that name>`
+builds a stand-in under the same name: distribution roots by debootstrap from the
+distribution's own archive (Debian and Ubuntu suites, `ROOTFS`), the rest by Dockerfile on
+top of those. A stand-in keeps its label, so `agentrl check` can say a result was measured
+on one; a real image present under the name is always used as it is. An image is up to
+date when its recipe hash is unchanged and the base it was built on is still the base.
 """
 
 from __future__ import annotations
@@ -41,6 +50,16 @@ logger = logging.getLogger(__name__)
 SUITE = "bookworm"
 RECIPE_LABEL = "agentrl.recipe"
 METHOD_LABEL = "agentrl.method"
+BASE_LABEL = "agentrl.base-id"
+"""The id of the image a Dockerfile build started FROM: a rebuilt base makes it stale."""
+STANDIN_LABEL = "agentrl.stands-in-for"
+"""On a stand-in recipe (a Dockerfile LABEL) and its image: the registry name it replaces."""
+UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
+UBUNTU_KEYRING_DEB = (
+    "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb",
+    "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8",
+)
+"""Ubuntu's archive keyring, pinned by hash; debootstrap checks the suite's Release with it."""
 PULL_TIMEOUT_S = 30
 # `docker import` sets no PATH, and these are the Dockerfile lines it can apply.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -52,6 +71,42 @@ ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")
 
 Method = Literal["dockerfile", "debootstrap"]
 Progress = Callable[[str], None]
+
+
+class Rootfs(BaseModel):
+    """A distribution root that debootstrap can make: which suite, from which archive."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    distro: Literal["debian", "ubuntu"]
+    suite: str
+    script: str
+    """debootstrap's script for the suite (Ubuntu suites newer than debootstrap reuse one)."""
+
+
+ROOTFS: dict[str, Rootfs] = {
+    **{
+        key: Rootfs(distro="debian", suite=suite, script=suite)
+        for suite, number in (("bullseye", "11"), ("bookworm", "12"), ("trixie", "13"))
+        for key in (suite, number)
+    },
+    **{
+        key: Rootfs(distro="ubuntu", suite=suite, script="gutsy")
+        for suite, number in (("jammy", "22.04"), ("noble", "24.04"))
+        for key in (suite, number)
+    },
+}
+"""What `debian:<suite|number>[.point][-slim]` and `ubuntu:<suite|number>` name."""
+
+
+def rootfs_for(image: str) -> Rootfs | None:
+    """The distribution root an image name stands for (`debian:13.0-slim` is trixie)."""
+    name, _, tag = image.partition(":")
+    if name not in ("debian", "ubuntu", "library/debian", "library/ubuntu"):
+        return None
+    tag = tag.removesuffix("-slim")
+    found = ROOTFS.get(tag) or ROOTFS.get(tag.split(".")[0] if name.endswith("debian") else tag)
+    return found if found is not None and name.endswith(found.distro) else None
 
 
 class ImageInfo(BaseModel):
@@ -71,6 +126,8 @@ class ImageInfo(BaseModel):
     """False when an image with this recipe hash already existed."""
     seconds: float
     """Wall time of the call."""
+    standin: str | None = None
+    """The registry image this one is, or is built on, an agentrl stand-in for."""
 
 
 def docker_client(*, timeout: int = 60) -> docker.DockerClient:
@@ -120,6 +177,18 @@ def folder_hash(folder: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def standin_recipes() -> dict[str, Path]:
+    """Registry image name -> the recipe folder under `sandboxes/standins/` that stands in
+    for it (its Dockerfile's `LABEL agentrl.stands-in-for=<name>`)."""
+    found: dict[str, Path] = {}
+    for dockerfile in sorted((sandboxes_dir() / "standins").glob("*/Dockerfile")):
+        for keyword, rest in _instructions(dockerfile.parent):
+            match = re.search(rf"{re.escape(STANDIN_LABEL)}=(\"[^\"]+\"|\S+)", rest)
+            if keyword == "LABEL" and match:
+                found[match.group(1).strip('"')] = dockerfile.parent
+    return found
+
+
 def build_network() -> str:
     """The network `RUN` steps of image builds get: $AGENTRL_BUILD_NETWORK, else `host`.
 
@@ -148,6 +217,18 @@ def build_image(
     )
 
 
+def build_standin(name: str, *, force: bool = False, progress: Progress | None = None) -> ImageInfo:
+    """Build the stand-in for registry image `name` (`ubuntu:24.04`) under that name."""
+    recipes = standin_recipes()
+    if name not in recipes:
+        choices = ", ".join(recipes) or "none"
+        raise ImageBuildError(
+            f"no stand-in recipe for {name!r} in {sandboxes_dir() / 'standins'}",
+            fix=f"use one of: {choices}",
+        )
+    return build_recipe(recipes[name], name, force=force, progress=progress)
+
+
 def build_recipe(
     folder: Path,
     tag: str | None = None,
@@ -171,28 +252,43 @@ def build_recipe(
     if tag is None:
         slug = re.sub(r"[^a-z0-9_.-]+", "-", folder.resolve().name.lower()).strip(".-_")
         tag = f"agentrl/task-{slug or 'recipe'}:{digest}"
+    emit = progress or logger.debug
     client = docker_client(timeout=600)
     try:
         current = _find(client, tag)
         old_hash = current.labels.get(RECIPE_LABEL) if current is not None else None
-        if current is not None and old_hash == digest and not force:
+        if (
+            current is not None
+            and old_hash == digest
+            and not force
+            and _base_unchanged(client, folder, current, emit)
+        ):
             image_id, built = current.id or "", False
             chosen = current.labels.get(METHOD_LABEL, "dockerfile")
         else:
-            chosen = _choose(client, folder, method)
+            chosen, base_id = _choose(client, folder, method, emit)
             logger.info("building %s with %s (recipe %s, was %s)", tag, chosen, digest, old_hash)
             build = _build_dockerfile if chosen == "dockerfile" else _build_debootstrap
             labels = {RECIPE_LABEL: digest, METHOD_LABEL: chosen}
+            if base_id:
+                labels[BASE_LABEL] = base_id
             try:
-                image_id, built = build(client, folder, tag, labels, progress or logger.debug), True
+                image_id, built = build(client, folder, tag, labels, emit), True
             except DockerException as exc:
                 raise ImageBuildError(f"building {tag} failed: {exc}") from exc
             if current is not None and current.id != image_id:
                 _remove_quietly(client, current.id or "")
         seconds = time.monotonic() - start
         logger.info("%s: %s in %.1f s", tag, "built" if built else "up to date", seconds)
+        made = _find(client, image_id)
         return ImageInfo(
-            tag=tag, id=image_id, recipe_hash=digest, method=chosen, built=built, seconds=seconds
+            tag=tag,
+            id=image_id,
+            recipe_hash=digest,
+            method=chosen,
+            built=built,
+            seconds=seconds,
+            standin=made.labels.get(STANDIN_LABEL) if made is not None else None,
         )
     finally:
         client.close()
@@ -250,32 +346,78 @@ def _base_image(folder: Path) -> str:
     return refs[0]
 
 
-def _choose(client: docker.DockerClient, folder: Path, method: str) -> Method:
+def _choose(
+    client: docker.DockerClient, folder: Path, method: str, emit: Progress
+) -> tuple[Method, str | None]:
+    """How to build `folder`, and the id of the base image a Dockerfile build starts from.
+
+    A base that is present (a stale stand-in rebuilt first), pullable, or made from its
+    stand-in recipe means a Dockerfile build; a package-list recipe FROM a distribution
+    root is made by debootstrap where its base cannot be had."""
     base = _base_image(folder)
-    if method in ("auto", "dockerfile") and _find(client, base) is not None:
-        return "dockerfile"
-    if base.startswith("sha256:"):  # an image id: it cannot be pulled or debootstrapped
-        raise ImageBuildError(
-            f"{folder.name} builds FROM image {base[:19]}, which no longer exists "
-            "(removed while this build was starting?)",
-            fix="build again; if it recurs, find what removes images during builds",
-        )
-    if method in ("auto", "dockerfile") and _pull(base):
-        return "dockerfile"
+    standin = standin_recipes().get(base)
+    own = standin is not None and standin.resolve() == folder.resolve()
+    rooted = (folder / "packages.txt").is_file() and rootfs_for(base) is not None
+    if method in ("auto", "dockerfile") and not own:
+        image = _fresh_base(client, base, emit)
+        if image is not None:
+            return "dockerfile", image.id
+        if base.startswith("sha256:"):  # an image id: it cannot be pulled or debootstrapped
+            raise ImageBuildError(
+                f"{folder.name} builds FROM image {base[:19]}, which no longer exists "
+                "(removed while this build was starting?)",
+                fix="build again; if it recurs, find what removes images during builds",
+            )
+        if _pull(base):
+            pulled = _find(client, base)
+            return "dockerfile", pulled.id if pulled is not None else None
+        if standin is not None and not (rooted and method == "auto" and _can_debootstrap()):
+            emit(f"{base} is not present and cannot be pulled: building its stand-in {standin}")
+            return "dockerfile", build_recipe(standin, base, progress=emit).id
     if method == "dockerfile":
         raise ImageBuildError(
             f"base image {base} is not present and cannot be pulled",
             fix=f"`docker load` {base}, or build with method 'debootstrap'",
         )
-    installed = shutil.which("debootstrap") is not None
-    if installed and os.geteuid() == 0:
-        return "debootstrap"
-    missing = "debootstrap needs root" if installed else "debootstrap is not installed"
+    if _can_debootstrap():
+        return "debootstrap", None
+    missing = (
+        "debootstrap needs root" if shutil.which("debootstrap") else "debootstrap is not installed"
+    )
     prefix = "" if method == "debootstrap" else f"{base} cannot be pulled and "
     raise ImageBuildError(
         f"cannot build {folder.name}: {prefix}{missing}",
         fix=f"apt-get install debootstrap and build as root, or `docker load` {base}",
     )
+
+
+def _can_debootstrap() -> bool:
+    return shutil.which("debootstrap") is not None and os.geteuid() == 0
+
+
+def _fresh_base(client: docker.DockerClient, base: str, emit: Progress) -> Image | None:
+    """The base image if present; a stand-in whose recipe changed is rebuilt first."""
+    image = _find(client, base)
+    standin = standin_recipes().get(base)
+    if image is None or standin is None or image.labels.get(STANDIN_LABEL) != base:
+        return image
+    if image.labels.get(RECIPE_LABEL) == folder_hash(standin):
+        return image
+    emit(f"the stand-in for {base} is out of date: rebuilding it from {standin}")
+    build_recipe(standin, base, progress=emit)
+    return _find(client, base)
+
+
+def _base_unchanged(
+    client: docker.DockerClient, folder: Path, image: Image, emit: Progress
+) -> bool:
+    """Whether the base `image` was built on is still what its FROM names (a recorded base
+    that is absent now, or a build that recorded none, counts as unchanged)."""
+    recorded = image.labels.get(BASE_LABEL)
+    if not recorded:
+        return True
+    base = _fresh_base(client, _base_image(folder), emit)
+    return base is None or base.id == recorded
 
 
 def _pull(ref: str) -> bool:
@@ -325,22 +467,29 @@ def _build_debootstrap(
     client: docker.DockerClient, folder: Path, tag: str, labels: dict[str, str], emit: Progress
 ) -> str:
     base, packages_file = _base_image(folder), folder / "packages.txt"
-    if not base.startswith(f"debian:{SUITE}") or not packages_file.is_file():
+    rootfs_of = rootfs_for(base)
+    if rootfs_of is None or not packages_file.is_file():
+        known = ", ".join(sorted({f"{r.distro}:{r.suite}" for r in ROOTFS.values()}))
         raise ImageBuildError(
-            f"debootstrap makes only debian:{SUITE} recipes with a packages.txt, "
-            f"and {folder.name} builds FROM {base}",
+            f"debootstrap makes only recipes FROM a distribution root ({known}) with a "
+            f"packages.txt, and {folder.name} builds FROM {base}",
             fix=f"make {base} available (docker load, or build its recipe), then use 'dockerfile'",
         )
     lines = [ln.split("#", 1)[0].strip() for ln in packages_file.read_text().splitlines()]
-    mirror, include = apt_mirror(), ",".join(p for p in lines if p)
+    include = ",".join(p for p in lines if p)
+    mirror, keyring = _archive(rootfs_of, emit)
     changes = [f"ENV PATH={DEFAULT_PATH}"]
     changes += [f"{kw} {rest}" for kw, rest in _instructions(folder) if kw in IMPORTABLE]
     changes += [f"LABEL {key}={value}" for key, value in labels.items()]
     work = Path(tempfile.mkdtemp(prefix=f"agentrl-{folder.name}-")).resolve()
     rootfs, archive = work / "rootfs", work / "rootfs.tar"
     log_path = Path(tempfile.gettempdir()) / f"agentrl-{folder.name}-debootstrap.log"
-    cmd = ["debootstrap", "--variant=minbase", f"--include={include}", SUITE, str(rootfs), mirror]
-    emit(f"debootstrap {SUITE} from {mirror} (a minute or two)")
+    cmd = ["debootstrap", "--variant=minbase", *([f"--include={include}"] if include else [])]
+    components = "main,universe" if rootfs_of.distro == "ubuntu" else "main"
+    cmd += [f"--components={components}", f"--keyring={keyring}"]
+    cmd += [rootfs_of.suite, str(rootfs), mirror]
+    cmd += [f"/usr/share/debootstrap/scripts/{rootfs_of.script}"]
+    emit(f"debootstrap {rootfs_of.distro} {rootfs_of.suite} from {mirror} (a minute or two)")
     proc, tail = None, deque[str](maxlen=15)
     try:
         with log_path.open("w") as log:
@@ -367,6 +516,7 @@ def _build_debootstrap(
         log_path.unlink()
         for path in (p for pattern in APT_CACHES for p in rootfs.glob(pattern)):
             path.unlink()
+        (rootfs / "etc/apt/sources.list").write_text(apt_sources(rootfs_of, mirror))
         emit("importing the rootfs into docker")
         packed = subprocess.run(
             ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(archive), "."],
@@ -389,6 +539,66 @@ def _build_debootstrap(
             proc.wait()
         _unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def apt_sources(rootfs: Rootfs, mirror: str) -> str:
+    """The apt sources a root is left with: the suites and components its official Docker
+    image has (Ubuntu's universe included: published task Dockerfiles install from it)."""
+    suite = rootfs.suite
+    if rootfs.distro == "ubuntu":
+        parts = "main restricted universe multiverse"
+        suites = (suite, f"{suite}-updates", f"{suite}-security")
+        return "".join(f"deb {mirror} {s} {parts}\n" for s in suites)
+    security = mirror.rstrip("/").rsplit("/", 1)[0] + "/debian-security"
+    return (
+        f"deb {mirror} {suite} main\ndeb {mirror} {suite}-updates main\n"
+        f"deb {security} {suite}-security main\n"
+    )
+
+
+def _archive(rootfs: Rootfs, emit: Progress) -> tuple[str, Path]:
+    """The archive URL a root comes from, and the keyring that signs its Release file.
+
+    Debian: this machine's own apt mirror and the host's `debian-archive-keyring`. Ubuntu:
+    $AGENTRL_UBUNTU_MIRROR else archive.ubuntu.com, with Ubuntu's keyring package fetched
+    from that archive once and checked against the hash pinned here."""
+    if rootfs.distro == "debian":
+        try:
+            mirror = apt_mirror(rootfs.suite)
+        except ImageBuildError:
+            mirror = apt_mirror(SUITE)
+        return mirror, Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    from agentrl.inference.embedded import cache_root
+
+    mirror = (os.environ.get("AGENTRL_UBUNTU_MIRROR") or UBUNTU_ARCHIVE).rstrip("/")
+    path, sha256 = UBUNTU_KEYRING_DEB
+    folder = cache_root() / "keyrings" / sha256[:16]
+    keyring = folder / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    if keyring.is_file():
+        return mirror, keyring
+    emit(f"fetching Ubuntu's archive keyring from {mirror}")
+    try:
+        reply = requests.get(f"{mirror}/{path}", timeout=60)
+        reply.raise_for_status()
+    except requests.RequestException as exc:
+        raise ImageBuildError(
+            f"cannot fetch {mirror}/{path}: {exc}",
+            fix="set AGENTRL_UBUNTU_MIRROR to an Ubuntu archive this machine can reach",
+        ) from exc
+    if hashlib.sha256(reply.content).hexdigest() != sha256:
+        raise ImageBuildError(
+            f"{mirror}/{path} does not have the pinned sha256 {sha256[:16]}...",
+            fix="point AGENTRL_UBUNTU_MIRROR at a faithful Ubuntu mirror",
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        deb = Path(tmp) / "keyring.deb"
+        deb.write_bytes(reply.content)
+        unpacked = Path(tmp) / "root"
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.move(str(unpacked), str(folder))
+    return mirror, keyring
 
 
 def _unmount_under(root: Path) -> None:

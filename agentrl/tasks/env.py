@@ -84,6 +84,8 @@ class TaskEnv:
         self.provider = provider
         self.run_id = run_id
         self._image: str | None = None
+        self.standin: str | None = None
+        """The registry image the task's image is built on an agentrl stand-in for."""
         self._image_lock = asyncio.Lock()
         self._references: dict[str, tuple[str, Grade | GraderError]] = {}
         self._reference_locks: dict[str, asyncio.Lock] = {}
@@ -202,6 +204,15 @@ class TaskEnv:
         asks for one; None: they have none."""
         name = os.environ.get(AGENT_NETWORK)
         return name if name and self.task.spec.sandbox.network else None
+
+    def image_notes(self) -> list[str]:
+        """What a person should know about the image the task ran on."""
+        if self.standin is None:
+            return []
+        return [
+            f"built on agentrl's stand-in for {self.standin} (sandboxes/standins/: the "
+            "registry image could not be pulled here); a result on the real image may differ"
+        ]
 
     def missing_network(self) -> str | None:
         """What a person should know when the task asks for a network it does not get."""
@@ -340,6 +351,7 @@ class TaskEnv:
         slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_") or "task"
         tag = f"agentrl/task-{slug}:{folder_hash(folder)}"
         info = await asyncio.to_thread(build_recipe, folder, tag)
+        self.standin = info.standin
         return info.tag
 
 

@@ -1,7 +1,7 @@
 """The `docker` provider: each sandbox is one container on the local Docker engine.
 
-A container starts with no network, CPU/memory/pids limits, every capability dropped
-but the few a root shell needs, and `no-new-privileges`. It is labelled with its run,
+A container starts with no network, CPU/memory/pids limits, Docker's default
+capabilities less NET_RAW, and `no-new-privileges`. It is labelled with its run,
 its owner (`host:pid`) and an expiry, and its main process is `sleep <ttl>` under
 docker-init (which also reaps zombies), so it stops by itself when the TTL passes.
 

@@ -41,8 +41,24 @@ from agentrl.sandbox.images import docker_client
 
 log = logging.getLogger(__name__)
 
-# What a root shell needs for ordinary work (files, chmod/chown, git, su to a user).
-CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
+# Docker's default set, less NET_RAW: published tasks are written for the default set (a
+# mail server's daemons chroot; services bind low ports, drop privileges, make device
+# nodes), and raw sockets would let an agent given a network forge packets on it.
+CAPS = [
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+]
 
 
 class DockerProvider:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.errors import AgentRLError, GraderError, first_line
 from agentrl.sandbox.base import SandboxProvider
 from agentrl.tasks.env import TaskEnv
+from agentrl.tasks.graders import PASSING
 from agentrl.tasks.spec import Instance, Task
 
 FULL_REWARD = 1.0
@@ -36,6 +37,9 @@ class Outcome(BaseModel):
 
     reward: float | None = None
     tests: str = Field(default="", description="passed/failed, as the grader parsed them")
+    failed: list[str] = Field(
+        default_factory=list, description="the tests that did not pass (the first ten)"
+    )
     error: str | None = Field(default=None, description="an infrastructure failure, if any")
     fix: str | None = None
     seconds: float = 0.0
@@ -113,7 +117,13 @@ async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome
             )
     finally:
         await sandbox.close()
-    return Outcome(reward=graded.reward, tests=_tests(graded.components), seconds=_since(started))
+    failed = [name for name, status in graded.evidence.tests.items() if status not in PASSING]
+    return Outcome(
+        reward=graded.reward,
+        tests=_tests(graded.components),
+        failed=failed[:10],
+        seconds=_since(started),
+    )
 
 
 def _failed(stage: str, error: AgentRLError, started: float) -> Outcome:

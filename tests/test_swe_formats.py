@@ -23,6 +23,7 @@ from swe_fixtures import git_init as _git_init
 from swe_fixtures import remove_images as _remove
 from swe_fixtures import write_rows as _write
 
+from agentrl import corpus
 from agentrl.check import check_task
 from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest
@@ -31,8 +32,6 @@ from agentrl.tasks.graders import Grade
 from agentrl.tasks.swe.grade import parse_r2e_log
 from agentrl.tasks.swe.images import image_names
 from agentrl.tasks.swe.rows import load_swe_bench
-
-CORPUS = Path(__file__).resolve().parent / "corpus"
 
 SWE_GYM_ROW = {  # columns as the SWE-Gym dataset card lists them; test lists are lists
     "instance_id": "getmoto__moto-7365",
@@ -84,11 +83,17 @@ def test_each_dataset_is_told_by_its_columns(tmp_path: Path) -> None:
         load_swe_bench(mixed)
 
 
-@pytest.mark.skipif(
-    not (CORPUS / "rows" / "swe-smith.jsonl").is_file(), reason="no local corpus (tests/corpus)"
-)
-def test_a_genuine_swe_smith_row_loads_as_published() -> None:
-    task = load_swe_bench(CORPUS / "rows" / "swe-smith.jsonl")
+SWE_SMITH_ROW = "swe-smith/pandas-dev__pandas.95280573.pr_53652.json"
+
+
+@pytest.mark.corpus(SWE_SMITH_ROW)
+def test_a_genuine_swe_smith_row_loads_as_published(tmp_path: Path) -> None:
+    """SWE-smith's own test fixture of a task instance (tests/corpus-swe.json), one row as
+    its harness publishes it, written as the one-line JSONL a dataset file holds."""
+    published = corpus.find(SWE_SMITH_ROW)
+    assert published is not None
+    row = json.loads(published.read_text())
+    task = load_swe_bench(_write(tmp_path, [row], "swe-smith.jsonl"))
     (instance,) = task.instances
     assert task.format == "swe-smith" and instance.id == "pandas-dev__pandas.95280573.pr_53652"
     assert image_names(instance, "swe-smith") == [

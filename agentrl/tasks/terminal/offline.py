@@ -37,7 +37,7 @@ from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.tasks.graders import tail
 from agentrl.tasks.terminal.downloads import (
     PROVIDED_PYTHON,
-    PYTHON_SUITE,
+    PYTHON_GLIBC,
     python_archive,
     uv_binaries,
     wheelhouse,
@@ -138,8 +138,8 @@ async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
 
 
 async def _provide_python(sandbox: Sandbox, version: str) -> str:
-    """Debian's CPython `version` (where the sandbox has none), on PATH after the sandbox's own
-    interpreters, as uv would have downloaded one; what was done, for the evidence."""
+    """agentrl's CPython `version` (where the sandbox has none), on PATH after the sandbox's
+    own interpreters, as uv would have downloaded one; what was done, for the evidence."""
     if version != PROVIDED_PYTHON:
         return f"{NO_PYTHON}: the sandbox has no Python {version}; agentrl brings {PROVIDED_PYTHON}"
     archive = python_archive()
@@ -147,12 +147,17 @@ async def _provide_python(sandbox: Sandbox, version: str) -> str:
     unpack = f"tar -xzf {ROOT}/python.tar.gz -C {ROOT} && rm {ROOT}/python.tar.gz && "
     unpack += f"{ROOT}/python/bin/python{version} -c 'import ssl, sqlite3, ctypes'"
     done = await sandbox.exec(ExecRequest(command=unpack, timeout=120))
-    if done.exit_code != 0:  # e.g. a C library older than Debian's
+    if done.exit_code != 0:  # e.g. a C library older than the one it was built on
         await sandbox.exec(ExecRequest(command=["rm", "-rf", f"{ROOT}/python"], timeout=60))
-        return f"{NO_PYTHON}: Debian's Python {version} does not run here: {tail(done.output)}"
+        glibc = await sandbox.exec(ExecRequest(command="ldd --version | head -1", timeout=30))
+        return (
+            f"{NO_PYTHON}: agentrl's Python {version} (built for glibc >= {PYTHON_GLIBC}) does "
+            f"not run here ({tail(glibc.output, 80).strip()}): {tail(done.output)}"
+        )
     return (
-        f"Python {version} from Debian {PYTHON_SUITE}'s packages put on PATH after the "
-        f"sandbox's own (the tests ask for it, the sandbox has none): {ROOT}/python"
+        f"Python {version} built by agentrl (sandboxes/eval-python, glibc >= {PYTHON_GLIBC}) "
+        f"put on PATH after the sandbox's own (the tests ask for it, the sandbox has none): "
+        f"{ROOT}/python"
     )
 
 

@@ -40,6 +40,7 @@ from agentrl.tasks.spec import Instance, Task, TaskSpec
 from agentrl.tasks.terminal.downloads import PROVIDED_PYTHON, python_archive
 from agentrl.tasks.terminal.env import run_oracle
 from agentrl.tasks.terminal.load import detect_format, load_terminal_task, oracle_script
+from agentrl.tasks.terminal.offline import read_scripts
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = REPO / "tasks" / "terminal"
@@ -444,8 +445,8 @@ def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> Non
         }
 
 
-def _no_python_grades(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Grade]:
-    """The `no-python` task (or a copy): oracle and no-op, an infra failure returned."""
+def _oracle_and_noop(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Grade | DidNotRun]:
+    """A task folder's oracle and no-op grades (the oracle's infra failure returned)."""
     task = load_terminal_task(folder)
     instance = task.instances[0]
 
@@ -461,9 +462,8 @@ def _no_python_grades(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Gra
         finally:
             await sandbox.close()
 
-    async def both() -> tuple[Grade | DidNotRun, Grade]:
+    async def both() -> tuple[Grade | DidNotRun, Grade | DidNotRun]:
         oracle, noop = await asyncio.gather(one(True), one(False))
-        assert isinstance(noop, Grade), noop
         return oracle, noop
 
     return asyncio.run(both())
@@ -472,11 +472,44 @@ def _no_python_grades(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Gra
 def test_a_python_the_sandbox_lacks_is_brought_and_runs_there(run_id: str) -> None:
     """uv is asked for Python 3.13 on a Debian bookworm image (glibc 2.36) with no Python
     at all: agentrl's own CPython 3.13 (built on bullseye, glibc 2.31) runs the tests."""
-    oracle, noop = _no_python_grades(OFFLINE / "no-python", run_id)
+    oracle, noop = _oracle_and_noop(OFFLINE / "no-python", run_id)
     assert isinstance(oracle, Grade) and oracle.reward == 1.0, oracle
-    assert noop.reward == 0.0, noop.evidence.output
+    assert isinstance(noop, Grade) and noop.reward == 0.0, noop
     assert "Python 3.13 built by agentrl" in "\n".join(oracle.evidence.substitutions)
     assert "platform linux -- Python 3.13.5, pytest-8.4.1" in oracle.evidence.output
+
+
+def test_packages_the_tests_apt_get_install_are_brought(run_id: str) -> None:
+    """The tests `apt-get install bc`, which the image lacks, with no network: the image's
+    own apt fetched bc (and what it needs) beforehand, and the shim installs it."""
+    oracle, noop = _oracle_and_noop(OFFLINE / "apt-at-test-time", run_id)
+    assert isinstance(oracle, Grade) and oracle.reward == 1.0, oracle
+    assert isinstance(noop, Grade) and noop.reward == 0.0, noop
+    brought = "\n".join(oracle.evidence.substitutions)
+    assert "fetched by the image's own apt" in brought
+    assert "apt-get install bc: installed from the packages agentrl brought" in brought
+
+
+def test_tests_that_ran_without_a_package_they_asked_for_are_an_eval_error(
+    run_id: str, tmp_path: Path
+) -> None:
+    """The package cannot be had, so `bc` is missing and this (weak) test would compare two
+    empty strings: a no-op would earn 1. The tests ran without what they asked for, so
+    neither episode gets a reward: an infrastructure failure, named, for both."""
+    folder = shutil.copytree(OFFLINE / "apt-at-test-time", tmp_path / "apt-missing")
+    test_sh = folder / "tests" / "test.sh"
+    test_sh.write_text(test_sh.read_text().replace("install -y bc", "install -y agentrl-nope"))
+    for outcome in _oracle_and_noop(folder, run_id):
+        assert isinstance(outcome, DidNotRun), outcome
+        assert "apt-get install agentrl-nope: not possible offline" in str(outcome)
+
+
+def test_the_apt_packages_tests_install_are_read_from_scripts_and_python_tests() -> None:
+    script = "apt-get update\napt-get install -y curl expect \\\n  git && uvx pytest\n"
+    python = 'open("v.sh", "w").write("""\nDEBIAN_FRONTEND=noninteractive apt install -y vim\n""")'
+    needs = read_scripts([script], [python])
+    assert needs.apt == ["curl", "expect", "git", "vim"]
+    assert read_scripts(["apt-get install -y $PKGS"]).apt == []
 
 
 def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(
@@ -487,7 +520,7 @@ def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(
     folder = shutil.copytree(OFFLINE / "no-python", tmp_path / "no-python-3.10")
     test_sh = folder / "tests" / "test.sh"
     test_sh.write_text(test_sh.read_text().replace("-p 3.13", "-p 3.10"))
-    oracle, noop = _no_python_grades(folder, run_id)
+    oracle, noop = _oracle_and_noop(folder, run_id)
     assert isinstance(oracle, DidNotRun)
     assert "No interpreter found for Python 3.10" in str(oracle)
     assert oracle.fix and "need a Python the sandbox does not have" in oracle.fix

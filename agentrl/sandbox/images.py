@@ -21,6 +21,8 @@ date when its recipe hash is unchanged and the base it was built on is still the
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -32,7 +34,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -283,43 +285,72 @@ def build_recipe(
     emit = progress or logger.debug
     client = docker_client(timeout=600)
     try:
-        current = _find(client, tag)
-        old_hash = current.labels.get(RECIPE_LABEL) if current is not None else None
-        if (
-            current is not None
-            and old_hash == digest
-            and not force
-            and _base_unchanged(client, folder, current, emit)
-        ):
-            image_id, built = current.id or "", False
-            chosen = current.labels.get(METHOD_LABEL, "dockerfile")
-        else:
-            chosen, base_id = _choose(client, folder, method, emit)
-            logger.info("building %s with %s (recipe %s, was %s)", tag, chosen, digest, old_hash)
-            build = _build_dockerfile if chosen == "dockerfile" else _build_debootstrap
-            labels = {RECIPE_LABEL: digest, METHOD_LABEL: chosen}
-            if base_id:
-                labels[BASE_LABEL] = base_id
-            try:
-                image_id, built = build(client, folder, tag, labels, emit), True
-            except DockerException as exc:
-                raise ImageBuildError(f"building {tag} failed: {exc}") from exc
-            if current is not None and current.id != image_id:
-                _remove_quietly(client, current.id or "")
-        seconds = time.monotonic() - start
-        logger.info("%s: %s in %.1f s", tag, "built" if built else "up to date", seconds)
-        made = _find(client, image_id)
-        return ImageInfo(
-            tag=tag,
-            id=image_id,
-            recipe_hash=digest,
-            method=chosen,
-            built=built,
-            seconds=seconds,
-            standin=made.labels.get(STANDIN_LABEL) if made is not None else None,
-        )
+        with _tag_lock(tag):
+            return _build_locked(client, folder, tag, digest, method, force, emit, start)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def _tag_lock(tag: str) -> Iterator[None]:
+    """One build of a tag at a time on this machine (processes and threads alike): two
+    tasks on one missing stand-in build it once; the second finds it up to date."""
+    from agentrl.inference.embedded import cache_root
+
+    folder = cache_root() / "image-locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(tag.encode()).hexdigest()[:16]
+    with (folder / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _build_locked(
+    client: docker.DockerClient,
+    folder: Path,
+    tag: str,
+    digest: str,
+    method: str,
+    force: bool,
+    emit: Progress,
+    start: float,
+) -> ImageInfo:
+    """build_recipe's work, under the tag's lock."""
+    current = _find(client, tag)
+    old_hash = current.labels.get(RECIPE_LABEL) if current is not None else None
+    if (
+        current is not None
+        and old_hash == digest
+        and not force
+        and _base_unchanged(client, folder, current, emit)
+    ):
+        image_id, built = current.id or "", False
+        chosen = current.labels.get(METHOD_LABEL, "dockerfile")
+    else:
+        chosen, base_id = _choose(client, folder, method, emit)
+        logger.info("building %s with %s (recipe %s, was %s)", tag, chosen, digest, old_hash)
+        build = _build_dockerfile if chosen == "dockerfile" else _build_debootstrap
+        labels = {RECIPE_LABEL: digest, METHOD_LABEL: chosen}
+        if base_id:
+            labels[BASE_LABEL] = base_id
+        try:
+            image_id, built = build(client, folder, tag, labels, emit), True
+        except DockerException as exc:
+            raise ImageBuildError(f"building {tag} failed: {exc}") from exc
+        if current is not None and current.id != image_id:
+            _remove_quietly(client, current.id or "")
+    seconds = time.monotonic() - start
+    logger.info("%s: %s in %.1f s", tag, "built" if built else "up to date", seconds)
+    made = _find(client, image_id)
+    return ImageInfo(
+        tag=tag,
+        id=image_id,
+        recipe_hash=digest,
+        method=chosen,
+        built=built,
+        seconds=seconds,
+        standin=made.labels.get(STANDIN_LABEL) if made is not None else None,
+    )
 
 
 def apt_mirror(suite: str = SUITE, etc: Path = Path("/etc/apt")) -> str:

@@ -6,10 +6,12 @@ wheel built here), and a relocatable CPython for sandboxes that have none.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,8 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+from docker import DockerClient
 
 from agentrl.errors import GraderError
 from agentrl.inference.embedded import cache_root
@@ -39,27 +43,87 @@ def python_archive() -> Path:
     digest = recipe_digest(recipe)
     folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{digest}"
     archive = folder / "python.tar.gz"
-    if archive.is_file():
-        return archive
-    info = build_recipe(recipe, f"agentrl/eval-python:{digest}")
-    client = docker_client(timeout=600)
-    container = client.containers.create(info.tag, ["true"])
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / ".python.tar.gz.tmp"
-        stream, _ = container.get_archive("/python")
-        with tempfile.TemporaryFile() as raw:
-            for chunk in stream:
-                raw.write(chunk)
-            raw.seek(0)
-            with tarfile.open(fileobj=raw) as src, tarfile.open(partial, "w:gz") as dst:
-                for member in src:
-                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-        partial.replace(archive)
-    finally:
-        container.remove(force=True)
-        client.close()
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("w") as lock:  # episodes grade concurrently
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.is_file():
+            return archive
+        info = build_recipe(recipe, f"agentrl/eval-python:{digest}")
+        client = docker_client(timeout=600)
+        container = client.containers.create(info.tag, ["true"])
+        try:
+            partial = folder / ".python.tar.gz.tmp"
+            stream, _ = container.get_archive("/python")
+            with tempfile.TemporaryFile() as raw:
+                for chunk in stream:
+                    raw.write(chunk)
+                raw.seek(0)
+                with tarfile.open(fileobj=raw) as src, tarfile.open(partial, "w:gz") as dst:
+                    for member in src:
+                        dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            partial.replace(archive)
+        finally:
+            container.remove(force=True)
+            client.close()
     return archive
+
+
+def apt_packages(image: str, packages: list[str]) -> tuple[list[Path], str]:
+    """The .deb files `apt-get install packages` would install in `image` (what it lacks,
+    with what that depends on), downloaded by the image's own apt in a throwaway container
+    of it on the build network, cached per (image, packages); and why some are missing."""
+    from agentrl.sandbox.images import docker_client
+
+    client = docker_client(timeout=600)
+    try:
+        image_id = str(client.images.get(image).id)
+        key = hashlib.sha256(f"{image_id}|{sorted(packages)}".encode()).hexdigest()[:16]
+        folder = cache_root() / "eval-runtime" / "apt" / key
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # One download per key at a time (episodes grade concurrently), made in a scratch
+        # folder and renamed into place, so nobody reads a half-filled folder.
+        with (folder.parent / f"{key}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / ".complete").is_file():
+                _download_debs(client, image_id, packages, folder)
+        return sorted(folder.glob("*.deb")), (folder / ".complete").read_text().strip()
+    finally:
+        client.close()
+
+
+def _download_debs(client: DockerClient, image_id: str, packages: list[str], folder: Path) -> None:
+    from docker.errors import DockerException
+
+    from agentrl.sandbox.images import build_network
+
+    scratch = folder.with_name(f"{folder.name}.partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "partial").mkdir(parents=True)
+    names = " ".join(shlex.quote(p) for p in packages)
+    script = (
+        "apt-get update -qq >/dev/null 2>&1; "
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only "
+        f"-o Dir::Cache::Archives=/agentrl-debs {names} 2>&1 | tail -3"
+    )
+    try:
+        out = client.containers.run(
+            image_id,
+            ["-c", script],
+            entrypoint=["sh"],
+            user="0",
+            network_mode=build_network(),
+            volumes={str(scratch): {"bind": "/agentrl-debs", "mode": "rw"}},
+            remove=True,
+        )
+    except DockerException as exc:
+        out = str(exc).encode()
+    text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+    found = any(scratch.glob("*.deb"))
+    why = "" if found or "E:" not in text else " | ".join(text.strip().splitlines()[-2:])
+    shutil.rmtree(scratch / "partial", ignore_errors=True)
+    (scratch / ".complete").write_text(why[:300] + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    scratch.rename(folder)
 
 
 def uv_binaries(version: str) -> Path:

@@ -14,7 +14,7 @@ from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
 from agentrl.sandbox.images import docker_client
 from agentrl.sandbox.seal import GradeScope
-from agentrl.tasks.env import TaskEnv, put_path
+from agentrl.tasks.env import EVAL_NETWORK, TaskEnv, put_path
 from agentrl.tasks.graders import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.terminal import offline
@@ -66,9 +66,11 @@ class TerminalEnv(TaskEnv):
         return super()._scope(workdir).model_copy(update={"runtime": runtime})
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
-        needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
+        folder = Path(self.task.path)
+        needs = offline.read_scripts(verifier_scripts(folder), test_texts(folder))
         offline_only = needs.uses_bootstrap and self.eval_network() is None
-        brought = await offline.install(sandbox, needs) if offline_only else []
+        image = await self.instance_image(instance)
+        brought = await offline.install(sandbox, needs, image) if offline_only else []
         try:
             graded = await super().grade(sandbox, instance)
         except DidNotRun as failed:
@@ -80,6 +82,14 @@ class TerminalEnv(TaskEnv):
                 )
             raise
         graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
+        unmet = [line for line in graded.evidence.substitutions if offline.UNMET in line]
+        if unmet:  # the tests ran without what they asked for: their verdict means nothing
+            raise DidNotRun(
+                f"the tests needed what could not be brought offline: {unmet[0]}",
+                graded.evidence,
+                fix="give grading a network that reaches the package sources "
+                f"(${EVAL_NETWORK}), or build the image with what the tests install",
+            )
         return graded
 
     async def run_oracle(self, sandbox: Sandbox, instance: Instance) -> str:
@@ -109,6 +119,12 @@ def _working_dir(image: str) -> str:
 def verifier_scripts(folder: Path) -> list[str]:
     """The shell scripts a task's tests run: run-tests.sh and every .sh under tests/."""
     paths = [folder / "run-tests.sh", *sorted((folder / "tests").rglob("*.sh"))]
+    return [p.read_text(errors="replace") for p in paths if p.is_file()]
+
+
+def test_texts(folder: Path) -> list[str]:
+    """The other text files of the tests (Python tests that write and run scripts)."""
+    paths = sorted((folder / "tests").rglob("*.py"))
     return [p.read_text(errors="replace") for p in paths if p.is_file()]
 
 

@@ -11,11 +11,14 @@ Before the tests run, agentrl puts into `/opt/agentrl-eval`:
 - `wheels/`: every requirement the test scripts name (`uv add`, `uv pip install`,
   `uvx -w/--with`, `pip install`), with their dependencies, for the sandbox's Python,
   downloaded on this machine with pip from its package index (PyPI or a mirror);
+- `debs/`: the Debian/Ubuntu packages the test files `apt-get install` (curl, expect, vim,
+  ...) that the image lacks, with what they depend on, downloaded by the image's own apt in
+  a throwaway container of the task's image (the build network, like an image build);
 - shims first on PATH: `curl` serves the uv installer URL with a script that links uv into
   `$HOME/.local/bin` and writes its `env` file, and passes every other call to the real
-  curl; `apt-get update` succeeds without doing anything; `apt-get install` succeeds for
-  packages already installed (and curl, which the shim provides) and fails, saying why,
-  for any other;
+  curl; `apt-get update` succeeds without doing anything; `apt-get install` installs the
+  brought packages with dpkg, succeeds for packages already installed (and for curl, whose
+  uv URL the shim serves) and fails, saying why, for any other;
 - `env.sh`: `UV_OFFLINE`, `UV_NO_INDEX`, `UV_FIND_LINKS`, `UV_PYTHON_DOWNLOADS=never`,
   `PIP_NO_INDEX`, `PIP_FIND_LINKS`, the PATH with the shims; the grader sources it.
 
@@ -26,6 +29,7 @@ What is brought is fetched on this machine, once, by `downloads`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 from collections.abc import Iterable
@@ -38,6 +42,7 @@ from agentrl.tasks.graders import tail
 from agentrl.tasks.terminal.downloads import (
     PROVIDED_PYTHON,
     PYTHON_GLIBC,
+    apt_packages,
     python_archive,
     uv_binaries,
     wheelhouse,
@@ -47,6 +52,8 @@ ROOT = "/opt/agentrl-eval"
 ENV_FILE = f"{ROOT}/env.sh"
 LOG = f"{ROOT}/substitutions"
 NO_PYTHON = "no Python for the tests"
+UNMET = "not possible offline"
+"""In a substitution line: the tests asked for something the runtime could not bring."""
 DEFAULT_UV = "0.9.5"
 """The uv brought when a script installs uv without naming a version."""
 _UV_URL = re.compile(r"https://astral\.sh/uv/(?:(\d+\.\d+\.\d+)/)?install\.sh")
@@ -57,6 +64,7 @@ _INSTALLS = re.compile(
 _WITH = re.compile(r"(?:\s-w|\s--with)[\s=]+(\"[^\"]+\"|'[^']+'|\S+)")
 _UVX = re.compile(r"\buvx\b([^;&|#\n]*)")
 _PYTHON_ASKED = re.compile(r"\buvx?\b[^;&|#\n]*?(?:-p|--python)[ =](?:python)?(\d+\.\d+)")
+_APT = re.compile(r"\bapt(?:-get)?\s+install\b([^;&|#\n\"')`]*)")
 _UV_PROJECT = re.compile(r"\buv\s+(?:init|add|run|sync|lock|venv)\b")
 _VENV = re.compile(r"\b(?:uv\s+venv|python3?\s+-m\s+venv|virtualenv)\s+(?:-\S+\s+)*([\w.-]+)")
 UV_PROJECT = ("pyproject.toml", "uv.lock", ".venv", ".python-version", "uv.toml")
@@ -76,14 +84,25 @@ class Runtime(BaseModel):
     """Whether the scripts install uv or packages at all (else nothing is brought)."""
     python: str | None = None
     """The Python version the scripts ask uv for (`-p 3.13`), if any."""
+    apt: list[str] = []
+    """Debian/Ubuntu packages the test files `apt-get install` (scripts, or scripts that
+    the Python tests write and run)."""
     project: list[str] = []
     """What the scripts' uv or venv makes or reads in the working directory (`uv init`,
     `uv add`, `uv run`, `uv venv NAME`): the runtime's own, never the agent's output."""
 
 
-def read_scripts(texts: Iterable[str]) -> Runtime:
-    """The uv version and the requirements that test scripts install."""
+def read_scripts(texts: Iterable[str], others: Iterable[str] = ()) -> Runtime:
+    """The uv version and the requirements that test scripts install; the apt packages
+    that they or the other test files (`others`: Python tests that write a script) name."""
     joined = "\n".join(t.replace("\\\n", " ") for t in texts)
+    apt = [
+        word
+        for text in [joined, *others]
+        for match in _APT.finditer(text.replace("\\\n", " "))
+        for word in match.group(1).split()
+        if not word.startswith("-") and re.fullmatch(r"[a-z0-9][a-z0-9+.:-]*", word)
+    ]
     versions = [m.group(1) for m in _UV_URL.finditer(joined) if m.group(1)]
     requirements: list[str] = []
     for match in _INSTALLS.finditer(joined):
@@ -101,15 +120,19 @@ def read_scripts(texts: Iterable[str]) -> Runtime:
     return Runtime(
         uv=versions[0] if versions else DEFAULT_UV,
         requirements=list(dict.fromkeys(requirements)),
-        uses_bootstrap=uses,
+        uses_bootstrap=uses or bool(apt),
+        apt=list(dict.fromkeys(apt)),
         python=asked[0] if asked else None,
         project=list(dict.fromkeys(project)),
     )
 
 
-async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
-    """Put the runtime into the sandbox; the substitutions it makes, for the evidence."""
-    made = await sandbox.exec(ExecRequest(command=["mkdir", "-p", f"{ROOT}/wheels"], timeout=30))
+async def install(sandbox: Sandbox, needs: Runtime, image: str) -> list[str]:
+    """Put the runtime into the sandbox (started from `image`); the substitutions it makes,
+    for the evidence."""
+    made = await sandbox.exec(
+        ExecRequest(command=["mkdir", "-p", f"{ROOT}/wheels", f"{ROOT}/debs"], timeout=30)
+    )
     if made.exit_code != 0:
         raise GraderError(f"cannot make {ROOT} in the sandbox: {tail(made.output)}")
     notes: list[str] = []
@@ -125,11 +148,17 @@ async def install(sandbox: Sandbox, needs: Runtime) -> list[str]:
         f"{ROOT}/bin/uvx": ((uv_dir / "uvx").read_bytes(), 0o755),
         f"{ROOT}/bin/curl": (CURL.encode(), 0o755),
         f"{ROOT}/bin/apt-get": (APT_GET.encode(), 0o755),
+        f"{ROOT}/bin/apt": (APT_GET.encode(), 0o755),
         f"{ROOT}/uv-install.sh": (UV_INSTALL.encode(), 0o644),
         ENV_FILE: (ENV.encode(), 0o644),
         LOG: (b"", 0o666),
     }
     files |= {f"{ROOT}/wheels/{p.name}": (p.read_bytes(), 0o644) for p in wheels.glob("*.whl")}
+    if needs.apt:
+        debs, why = await asyncio.to_thread(apt_packages, image, needs.apt)
+        files |= {f"{ROOT}/debs/{p.name}": (p.read_bytes(), 0o644) for p in debs}
+        fetched = f"{len(debs)} packages for apt-get install {' '.join(needs.apt)}"
+        notes.append(f"{fetched}, fetched by the image's own apt" + (f" ({why})" if why else ""))
     for path, (data, mode) in files.items():
         await sandbox.write_file(path, data, mode=mode)
     brought = f"{len(needs.requirements)} requirements ({', '.join(needs.requirements)})"
@@ -232,6 +261,7 @@ for arg in "$@"; do
 done
 PATH=$(printf %s "$PATH" | sed "s#{ROOT}/bin:##g")
 if real=$(command -v curl); then exec "$real" "$@"; fi
+echo "curl $*: {UNMET} (no curl in this sandbox, and none was brought)" >> {LOG}
 echo "curl: not in this sandbox (agentrl's offline runtime serves only the uv installer)" >&2
 exit 127
 """
@@ -257,23 +287,34 @@ case "$1" in
     missing=""
     for pkg in "$@"; do
       case "$pkg" in -*) continue;; esac
+      dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
+    done
+    if [ -n "$missing" ] && ls {ROOT}/debs/*.deb >/dev/null 2>&1; then
+      if DEBIAN_FRONTEND=noninteractive dpkg -i {ROOT}/debs/*.deb > {ROOT}/dpkg.log 2>&1; then
+        echo "apt-get install$missing: installed from the packages agentrl brought" >> {LOG}
+      else
+        echo "apt-get install$missing: dpkg -i failed (see {ROOT}/dpkg.log)" >> {LOG}
+      fi
+      rm -f {ROOT}/debs/*.deb
+      still=""
+      for pkg in $missing; do dpkg -s "$pkg" >/dev/null 2>&1 || still="$still $pkg"; done
+      missing="$still"
+    fi
+    for pkg in $missing; do
       if [ "$pkg" = curl ]; then
         echo "apt-get install curl: skipped (the offline runtime provides curl for uv)" >> {LOG}
-      elif dpkg -s "$pkg" >/dev/null 2>&1; then
-        echo "apt-get install $pkg: already installed" >> {LOG}
-      else
-        missing="$missing $pkg"
+        missing=$(printf %s "$missing" | sed 's/ curl\b//')
       fi
     done
     if [ -n "$missing" ]; then
-      echo "apt-get install$missing: not possible offline" >> {LOG}
+      echo "apt-get install$missing: {UNMET}" >> {LOG}
       echo "E: agentrl offline runtime: cannot install$missing without a network" >&2
       exit 100
     fi
     exit 0;;
 esac
 PATH=$(printf %s "$PATH" | sed "s#{ROOT}/bin:##g")
-exec apt-get "$@"
+exec "$(basename "$0")" "$@"
 """
 
 ENV = f"""# agentrl offline runtime: sourced before the tests run

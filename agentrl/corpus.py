@@ -21,6 +21,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "tests"
+RECORDS_ENV = "AGENTRL_CONFORMANCE_OUT"
+"""A folder: the conformance tests write each task's `agentrl check` row there (CI does;
+benchmarks/conformance.py --records renders the table docs/tasks.md shows)."""
 REQUIRE_ENV = "AGENTRL_REQUIRE_CORPUS"
 """Set (CI sets it): a corpus test whose material is missing fails instead of skipping."""
 
@@ -80,3 +83,13 @@ def missing_reason(local_paths: list[str]) -> str | None:
         f"genuine corpus material not found: {shown} (searched: {roots}; set AGENTRL_CORPUS "
         "to a copy of shared/corpus, see tests/corpus.json)"
     )
+
+
+def record(local_path: str, result: dict[str, Any]) -> None:
+    """Write one conformance result where $AGENTRL_CONFORMANCE_OUT says (if set)."""
+    out = os.environ.get(RECORDS_ENV)
+    if not out:
+        return
+    target = Path(out) / (local_path.replace("/", "__") + ".json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"local_path": local_path, **result}, indent=1) + "\n")

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from build_swe_images import build, rows
 from test_gateway import Recording, unexplained
 
 from agentrl import corpus
@@ -129,13 +130,17 @@ def test_mini_swe_agent_trains_a_model_on_what_it_sampled(tmp_path: Path, tiny_d
     assert all(t.agent.calls == len(t.turns) >= 1 for t in trajs if t.agent)
 
 
-@pytest.mark.corpus("swe-bench/lite.jsonl")
+MARSHMALLOW = next(r for r in rows() if r.instance_id == "marshmallow-code__marshmallow-1359")
+
+
+@pytest.mark.corpus("swe-bench/lite.jsonl", MARSHMALLOW.archive["local_path"])
 def test_mini_in_tool_mode_plays_a_genuine_swe_bench_row(tmp_path: Path) -> None:
     """A published SWE-bench Lite row (the genuine corpus, see tests/corpus-swe.json) in its own
     image, played by mini in its default tool-call mode (its own prompts, its `bash`
     tool; `--agent`): the gateway turns the policy's Hermes calls into OpenAI tool_calls,
     mini runs them in the sandbox and submits with its sentinel, and the swebench rules
     grade the (unchanged) repository 0."""
+    build(MARSHMALLOW)  # its image, from the repository archive (tests/build_swe_images.py)
     out, lite = tmp_path / "run", corpus.find("swe-bench/lite.jsonl")
     done = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "run", str(lite)]

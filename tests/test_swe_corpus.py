@@ -103,5 +103,6 @@ def test_the_gold_patch_resolves_and_no_patch_does_not(row: Row) -> None:
     rows_file = corpus.find(row.rows_file)
     assert rows_file is not None
     (result,) = check_paths([rows_file], DockerProvider(), instances=[row.instance_id])
+    corpus.record(f"{row.rows_file}/{row.instance_id}", result.model_dump())
     assert result.oracle.reward == 1.0, result.oracle.model_dump(exclude_none=True)
     assert result.noop.reward == 0.0, result.noop.model_dump(exclude_none=True)

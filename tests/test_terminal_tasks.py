@@ -469,6 +469,7 @@ def _oracle_and_noop(folder: Path, run_id: str) -> tuple[Grade | DidNotRun, Grad
     return asyncio.run(both())
 
 
+@pytest.mark.slow  # builds sandboxes/eval-python the first time (minutes)
 def test_a_python_the_sandbox_lacks_is_brought_and_runs_there(run_id: str) -> None:
     """uv is asked for Python 3.13 on a Debian bookworm image (glibc 2.36) with no Python
     at all: agentrl's own CPython 3.13 (built on bullseye, glibc 2.31) runs the tests."""
@@ -527,6 +528,7 @@ def test_tests_needing_a_python_nobody_can_bring_are_an_eval_error(
     assert any("agentrl brings 3.13" in line for line in oracle.evidence.substitutions)
 
 
+@pytest.mark.slow  # builds sandboxes/eval-python the first time (minutes)
 def test_the_python_brought_runs_from_any_folder(tmp_path: Path) -> None:
     """agentrl's CPython, unpacked anywhere (here on this machine, glibc 2.36): it finds
     its standard library and its own OpenSSL, SQLite and libffi relative to itself, and

@@ -36,11 +36,11 @@ DOWNLOAD_TIMEOUT_S = 600.0
 def python_archive() -> Path:
     """A .tar.gz of the brought CPython (`python/` inside: bin/, lib/ with its own libraries;
     it runs from any folder): the image of `sandboxes/eval-python/` is built once per recipe
-    (a few minutes) and its /python folder cached here."""
-    from agentrl.sandbox.images import build_recipe, docker_client, recipe_digest, sandboxes_dir
+    (a few minutes; `agentrl images build eval-python` does it ahead of time) and its
+    /python folder cached here."""
+    from agentrl.sandbox.images import build_image, docker_client, recipe_digest, recipe_dir
 
-    recipe = sandboxes_dir() / "eval-python"
-    digest = recipe_digest(recipe)
+    digest = recipe_digest(recipe_dir("eval-python"))
     folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{digest}"
     archive = folder / "python.tar.gz"
     folder.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ def python_archive() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if archive.is_file():
             return archive
-        info = build_recipe(recipe, f"agentrl/eval-python:{digest}")
+        info = build_image("eval-python")
         client = docker_client(timeout=600)
         container = client.containers.create(info.tag, ["true"])
         try:

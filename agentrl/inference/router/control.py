@@ -96,11 +96,8 @@ class ControlPlane:
                 replica.version = seen
                 replica.client.set_policy_version(self.version)
             if isinstance(seen, str):
-                self.quarantine(
-                    replica,
-                    f"its weights version is {seen} (a vLLM server needs "
-                    "VLLM_SERVER_DEV_MODE=1 for the control routes)",
-                )
+                hint = " (a vLLM server needs VLLM_SERVER_DEV_MODE=1 for them)" * ("404" in seen)
+                self.quarantine(replica, f"its weights version is {seen}{hint}")
             elif seen != self.version:
                 self.quarantine(replica, f"serves version {seen}, the others {self.version}")
 

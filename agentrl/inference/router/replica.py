@@ -139,4 +139,11 @@ class ReplicaHTTP:
             replica.token_versions = False
             raise
         replica.token_versions = bool(info.get("token_versions"))
-        return int(str(info.get("weight_version")).removeprefix("v"))
+        return parse_version(info.get("weight_version"))
+
+
+def parse_version(reported: object) -> int:
+    """A server's weights version as a number. A vLLM server that was never told one
+    reports "default": the weights it started with, version 0 (as `agentrl serve`'s "0")."""
+    text = str(reported)
+    return 0 if text == "default" else int(text.removeprefix("v"))

@@ -236,6 +236,9 @@ class DockerSandbox:
                 )
             else:  # nothing to reach: one container per episode, as the dispatcher counts
                 await self._call(self._api.kill, self._id)
+                # kill returns once the signal is sent; reading the layers of a container
+                # the engine is still stopping failed ("RWLayer ... is unexpectedly nil").
+                await self._call(self._api.wait, self._id, timeout=CLOSE_WAIT_S)
                 running = False
         else:
             notes.append("the agent's container had stopped before grading (its own doing)")

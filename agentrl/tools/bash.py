@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox.base import Metered, Sandbox, Shell, Usage
+from agentrl.sandbox.base import ExecRequest, Metered, Sandbox, Shell, Usage
 from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
 from agentrl.tools.bash_wire import (
     SETUP,
@@ -335,7 +335,8 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         out = Output(1 << 16, sentinel_re(nonce))
         status = await asyncio.to_thread(self._exchange, script, out, 30.0)
         if status != "done" or out.match is None:
-            raise SandboxError(f"the bash shell in sandbox {sandbox.id} did not start ({status})")
+            why = f"the bash shell in sandbox {sandbox.id} did not start ({status})"
+            raise await _why_not_started(sandbox, SandboxError(why))
         if isinstance(sandbox, Metered):
             self._seen = await sandbox.usage()
             if self._baseline is None:  # a fresh shell in a sandbox the agent has not used
@@ -382,3 +383,17 @@ def _over_disk(usage: Usage, limit_mb: int) -> bool:
 
 def _mib(n: int | None) -> int:
     return (n or 0) // (1024 * 1024)
+
+
+async def _why_not_started(sandbox: Sandbox, failed: SandboxError) -> SandboxError:
+    """Why a shell did not start: where the container stopped under it (an agent's
+    `kill -9 -1` stops it a moment after its command returns), the sandbox's own account
+    of the stop (SandboxBroken when the agent did it); else `failed`. The engine gets a
+    few seconds to finish stopping it."""
+    for _ in range(6):
+        try:
+            await sandbox.exec(ExecRequest(command=["true"], timeout=10))
+        except SandboxError as stopped:
+            return stopped
+        await asyncio.sleep(0.5)
+    return failed

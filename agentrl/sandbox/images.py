@@ -297,10 +297,17 @@ def _tag_lock(tag: str) -> Iterator[None]:
     tasks on one missing stand-in build it once; the second finds it up to date."""
     from agentrl.inference.embedded import cache_root
 
-    folder = cache_root() / "image-locks"
-    folder.mkdir(parents=True, exist_ok=True)
     name = hashlib.sha256(tag.encode()).hexdigest()[:16]
-    with (folder / f"{name}.lock").open("w") as lock:
+    with machine_lock(cache_root() / "image-locks" / f"{name}.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def machine_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file `path` (made with its folder if missing), held by one
+    process or thread of this machine at a time; the others wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -6,7 +6,6 @@ wheel built here), and a relocatable CPython for sandboxes that have none.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import platform
@@ -38,14 +37,18 @@ def python_archive() -> Path:
     it runs from any folder): the image of `sandboxes/eval-python/` is built once per recipe
     (a few minutes; `agentrl images build eval-python` does it ahead of time) and its
     /python folder cached here."""
-    from agentrl.sandbox.images import build_image, docker_client, recipe_digest, recipe_dir
+    from agentrl.sandbox.images import (
+        build_image,
+        docker_client,
+        machine_lock,
+        recipe_digest,
+        recipe_dir,
+    )
 
     digest = recipe_digest(recipe_dir("eval-python"))
     folder = cache_root() / "eval-runtime" / f"python-{PROVIDED_PYTHON}-{digest}"
     archive = folder / "python.tar.gz"
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / ".lock").open("w") as lock:  # episodes grade concurrently
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with machine_lock(folder / ".lock"):  # episodes grade concurrently
         if archive.is_file():
             return archive
         info = build_image("eval-python")
@@ -72,18 +75,16 @@ def apt_packages(image: str, packages: list[str]) -> tuple[list[Path], str]:
     """The .deb files `apt-get install packages` would install in `image` (what it lacks,
     with what that depends on), downloaded by the image's own apt in a throwaway container
     of it on the build network, cached per (image, packages); and why some are missing."""
-    from agentrl.sandbox.images import docker_client
+    from agentrl.sandbox.images import docker_client, machine_lock
 
     client = docker_client(timeout=600)
     try:
         image_id = str(client.images.get(image).id)
         key = hashlib.sha256(f"{image_id}|{sorted(packages)}".encode()).hexdigest()[:16]
         folder = cache_root() / "eval-runtime" / "apt" / key
-        folder.parent.mkdir(parents=True, exist_ok=True)
         # One download per key at a time (episodes grade concurrently), made in a scratch
         # folder and renamed into place, so nobody reads a half-filled folder.
-        with (folder.parent / f"{key}.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with machine_lock(folder.parent / f"{key}.lock"):
             if not (folder / ".complete").is_file():
                 _download_debs(client, image_id, packages, folder)
         return sorted(folder.glob("*.deb")), (folder / ".complete").read_text().strip()

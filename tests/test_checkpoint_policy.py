@@ -10,8 +10,11 @@ Llama of conftest (a model-folder base) is exported, served over HTTP and sample
 from __future__ import annotations
 
 import asyncio
+import filecmp
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -258,3 +261,30 @@ def test_a_model_folder_is_the_local_policy_and_each_names_its_tokenizer(
     assert parse_policy("local").tokenizer_model() == "embedded"
     assert OpenAISamplerConfig(url="http://127.0.0.1:1").tokenizer_model() == "embedded"
     assert parse_policy("router:http://127.0.0.1:1").tokenizer_model() == "embedded"
+
+
+@pytest.mark.model
+def test_the_embedded_model_exports_as_a_folder_a_server_starts_on(tmp_path: Path) -> None:
+    """`agentrl export embedded DIR` (docs/serving.md's first step for a vLLM server): the
+    embedded model's folder, whole, written atomically; an existing folder is refused."""
+    from agentrl.inference.embedded import model_dir
+
+    out = tmp_path / "models/smollm2"
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "export", "embedded", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    source = model_dir()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in source.iterdir())
+    for file in source.iterdir():
+        assert filecmp.cmp(file, out / file.name, shallow=False), file.name
+    assert [p.name for p in out.parent.iterdir()] == ["smollm2"]  # no temporary folder left
+    again = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "export", "embedded", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert "fix:" in again.stderr and "Traceback" not in again.stderr

@@ -364,20 +364,28 @@ def test_pause_wait_drains_the_batch_first(sampler: LocalSampler, prompts: list[
 def test_load_weights_from_a_safetensors_folder(
     sampler: LocalSampler, prompts: list[list[int]], tmp_path: pytest.TempPathFactory
 ) -> None:
+    from safetensors import safe_open
+
     from agentrl.inference.weight_transfer import save_weights
 
     original = {k: v.clone() for k, v in sampler.model.state_dict().items()}
     changed = {k: v.clone() for k, v in original.items()}
     changed["model.norm.weight"] *= 0.5
+    changed["model.embed_tokens.weight"] *= 0.5
+    changed["lm_head.weight"] = changed["model.embed_tokens.weight"]  # tied, as trained
     folder = save_weights(changed, tmp_path / "v1")  # type: ignore[operator]
-    # Tied embeddings are written once and filled back in on load.
+    # Every name is written, the tied lm_head too (vLLM reloads only what the files hold).
     assert sampler.model.config.tie_word_embeddings
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(changed)
+        assert torch.equal(f.get_tensor("lm_head.weight"), changed["lm_head.weight"])
     version = sampler.policy_version + 1
     try:
         sampler.load_weights(folder, version)
         loaded = sampler.model.state_dict()
         assert torch.equal(loaded["model.norm.weight"], changed["model.norm.weight"])
-        assert torch.equal(loaded["lm_head.weight"], original["lm_head.weight"])
+        assert torch.equal(loaded["lm_head.weight"], changed["model.embed_tokens.weight"])
+        assert sampler.model.lm_head.weight is sampler.model.model.embed_tokens.weight
         assert sampler.policy_version == version
     finally:
         sampler.update_weights(original, version + 1)

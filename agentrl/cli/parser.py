@@ -248,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser(
         "export", help="a train run's checkpoint as a model folder (vllm serve, agentrl serve)"
     )
-    x.add_argument("checkpoint", type=Path, help="a train run folder (its newest) or checkpoint")
+    x.add_argument(
+        "checkpoint",
+        help="a train run folder (its newest), a checkpoint, or `embedded` (the embedded model)",
+    )
     x.add_argument("out", type=Path, help="a new folder to write")
     x.set_defaults(func=serving.export)
 

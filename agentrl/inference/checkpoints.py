@@ -132,12 +132,18 @@ def export_model(checkpoint: str | Path, out: str | Path) -> Path:
 
     config.json, model.safetensors (float32, as trained), the tokenizer and
     generation_config of the base model, and agentrl_export.json (the source checkpoint).
+    `checkpoint` "embedded" is the embedded model itself (what a run starts from), e.g.
+    for a vLLM server to start on.
     """
-    found = find_checkpoint(checkpoint).resolve()
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} already exists", fix="name a new folder, or remove that one")
     try:
+        if str(checkpoint) == "embedded":
+            from agentrl.inference.embedded import model_dir
+
+            return _publish_folder(model_dir(), out)
+        found = find_checkpoint(checkpoint).resolve()
         return _export(found, read_meta(found), out)
     except OSError as e:
         raise ConfigError(
@@ -167,6 +173,20 @@ def _export(checkpoint: Path, meta: dict[str, Any], out: Path) -> Path:
         model.save_pretrained(tmp)  # safetensors; a tied lm_head is stored once
         tokenizer.save_pretrained(tmp)
         (tmp / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _publish_folder(tmp, out, move=True)
+
+
+def _publish_folder(src: Path, out: Path, *, move: bool = False) -> Path:
+    """`src` (a complete model folder) as `out`, atomically: a copy (or `src` itself,
+    `move`) is synced and renamed onto nothing or onto an empty folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = src if move else Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if not move:
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
         for file in tmp.iterdir():
             with file.open("rb") as f:
                 os.fsync(f.fileno())

@@ -41,8 +41,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 def save_weights(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
     """Write `state` to `folder`/model.safetensors atomically; returns `folder`.
 
-    A tensor that shares storage with one already written (tied embeddings) is written
-    once; `LocalSampler.load_weights` fills the twin back in.
+    Every name is written, a tensor that shares storage with one already written (a tied
+    lm_head) as a copy of its own: vLLM's `reload_weights` (0.32) updates only the names
+    in the files, so a tied lm_head left out keeps the weights it had before the reload
+    while the embedding moves (tests/test_vllm.py caught it: the learner's logprobs
+    drifted ~0.005 per token from vLLM's after the first update).
     """
     from safetensors.torch import save_file
 
@@ -51,14 +54,14 @@ def save_weights(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         seen: set[tuple[int, int]] = set()
-        unique: dict[str, torch.Tensor] = {}
+        every: dict[str, torch.Tensor] = {}
         for name, tensor in state.items():
             key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()))
-            if key in seen:
-                continue
+            out = tensor.detach().cpu().contiguous()
+            # safetensors refuses two names over one storage: a twin gets its own copy.
+            every[name] = out.clone() if key in seen else out
             seen.add(key)
-            unique[name] = tensor.detach().cpu().contiguous()
-        save_file(unique, str(tmp / "model.safetensors"))
+        save_file(every, str(tmp / "model.safetensors"))
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

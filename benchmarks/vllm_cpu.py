@@ -103,7 +103,8 @@ def main_job(servers: str | None, out: Path, log: Path) -> dict[str, Any]:
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
     wall = time.monotonic() - start
     if done.returncode != 0:
-        raise SystemExit(f"main job failed ({' '.join(cmd)}); see {log}")
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"main job failed ({' '.join(cmd)}):\n{tail}")
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
@@ -123,6 +124,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--main-job", action="store_true", help="also time the main job with each")
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more environment for the vLLM server (e.g. LD_PRELOAD=...)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vllm_cpu.json")
     args = ap.parse_args()
 
@@ -145,39 +153,44 @@ def main() -> None:
         [sys.executable, "-m", "agentrl.cli", *command.export[1:-1], str(model)], check=True
     )
 
-    t0 = time.perf_counter()
-    local = LocalSampler(
-        embedded.load_model(), eos_token_ids=[], pad_token_id=tokenizer.pad_token_id
-    )
-    asyncio.run(workload(local, ids[:1], 1, False))
-    embedded_start = time.perf_counter() - t0
-
     cores = str(os.cpu_count() or 2)
-    server = VLLMServer(command, model, work / "vllm.log", extra_env={"OMP_NUM_THREADS": cores})
-    t0 = time.perf_counter()
-    server.start()
+    server_env = {"OMP_NUM_THREADS": cores, **dict(e.split("=", 1) for e in args.server_env)}
+    server = VLLMServer(command, model, work / "vllm.log", extra_env=server_env)
+    runs: dict[str, dict[str, list[dict]]] = {
+        arm: {"c1": [], "c8": []} for arm in ("embedded", "vllm")
+    }
+    starts: dict[str, float] = {}
+
+    async def measure() -> None:
+        t0 = time.perf_counter()
+        local = LocalSampler(
+            embedded.load_model(), eos_token_ids=[], pad_token_id=tokenizer.pad_token_id
+        )
+        await workload(local, ids[:1], 1, False)
+        starts["embedded"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        server.start()
+        await asyncio.to_thread(server.wait_up)
+        remote = NoEOS(server.url)
+        await workload(remote, ids[:1], 1, False)
+        starts["vllm"] = time.perf_counter() - t0
+        say(f"up: embedded in {starts['embedded']:.1f} s, vLLM in {starts['vllm']:.1f} s")
+        try:
+            for i in range(args.repeats):
+                say(f"round {i + 1}/{args.repeats}")
+                for arm, sampler in (("embedded", local), ("vllm", remote)):
+                    for key, concurrent in (("c1", False), ("c8", True)):
+                        r = await workload(sampler, ids, args.max_tokens, concurrent)
+                        runs[arm][key].append(r)
+                        say(f"{arm} {key}: {r['tokens_per_s']} tokens/s")
+        finally:
+            await remote.close()
+            await local.close()
+
     result: dict[str, Any] = {}
     try:
-        server.wait_up()
-        remote = NoEOS(server.url)
-        asyncio.run(workload(remote, ids[:1], 1, False))
-        vllm_start = time.perf_counter() - t0
-        say(f"up: embedded in {embedded_start:.1f} s, vLLM in {vllm_start:.1f} s")
-        runs: dict[str, dict[str, list[dict]]] = {
-            arm: {"c1": [], "c8": []} for arm in ("embedded", "vllm")
-        }
-
-        async def one_round() -> None:
-            for arm, sampler in (("embedded", local), ("vllm", remote)):
-                for key, concurrent in (("c1", False), ("c8", True)):
-                    r = await workload(sampler, ids, args.max_tokens, concurrent)
-                    runs[arm][key].append(r)
-                    say(f"{arm} {key}: {r['tokens_per_s']} tokens/s")
-
-        for i in range(args.repeats):
-            say(f"round {i + 1}/{args.repeats}")
-            asyncio.run(one_round())
-        asyncio.run(remote.close())
+        asyncio.run(measure())
+        embedded_start, vllm_start = starts["embedded"], starts["vllm"]
 
         def median(arm: str, key: str) -> float:
             return round(statistics.median(r["tokens_per_s"] for r in runs[arm][key]), 1)
@@ -195,7 +208,8 @@ def main() -> None:
                 "platform": platform.platform(),
                 "load_1min": round(os.getloadavg()[0], 2),
             },
-            "vllm": "vllm-cpu 0.32.0, --dtype float32 --enforce-eager, OMP_NUM_THREADS=" + cores,
+            "vllm": "vllm-cpu 0.32.0, docs/serving.md's command",
+            "vllm_server_env": server_env,
             "requests": len(ids),
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
@@ -231,10 +245,10 @@ def main() -> None:
             )
     finally:
         server.kill(15)
+        shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -36,23 +36,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from sampler import PROMPTS  # noqa: E402  (benchmarks/sampler.py's workload)
 from vllm_server import VLLMServer, docs_command  # noqa: E402
 
 from agentrl.inference import embedded  # noqa: E402
 from agentrl.inference.base import SamplingParams  # noqa: E402
 from agentrl.inference.local import LocalSampler  # noqa: E402
 from agentrl.inference.openai import OpenAISampler  # noqa: E402
-
-PROMPTS = [
-    "List three uses of the `grep` command.",
-    "Write a haiku about containers.",
-    "What does `git rebase` do?",
-    "Explain a Python list comprehension briefly.",
-    "Name two HTTP methods and what they do.",
-    "How do I count lines in a file on Linux?",
-    "What is a race condition?",
-    "Give a one-line summary of reinforcement learning.",
-]
 
 
 def say(msg: str) -> None:

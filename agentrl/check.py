@@ -9,12 +9,16 @@ that training uses (INIT, then EVAL with its sealing and its reference rule):
 
 An instance passes when the oracle earns full reward (1.0) and the no-op less. An
 infrastructure failure (the sandbox did not start, the solution crashed, the tests did
-not run) is reported as such and fails the check.
+not run) is reported as such and fails the check. A failing instance gets a verdict of a
+few words, the lines of the grader's output that explain it (`explain`), the path of the
+whole output, and a fix that says what to look at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.errors import AgentRLError, GraderError, first_line
 from agentrl.sandbox.base import SandboxProvider
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import PASSING
+from agentrl.tasks.graders import PASSING, DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, Task
 
 FULL_REWARD = 1.0
+EXPLAIN_LINES = 10
 
 
 class Outcome(BaseModel):
@@ -43,6 +48,11 @@ class Outcome(BaseModel):
     error: str | None = Field(default=None, description="an infrastructure failure, if any")
     fix: str | None = None
     seconds: float = 0.0
+    excerpt: list[str] = Field(
+        default_factory=list, description="a failing instance's lines that explain it"
+    )
+    log: str | None = Field(default=None, description="a failing instance's whole grader output")
+    evidence: Evidence | None = Field(default=None, exclude=True)
 
 
 class CheckRow(BaseModel):
@@ -56,12 +66,18 @@ class CheckRow(BaseModel):
     oracle: Outcome
     noop: Outcome
     ok: bool
+    verdict: str = Field(default="pass", description="in a few words: pass, or what failed")
+    fix: str | None = Field(default=None, description="a failing instance's: what to look at")
     notes: list[str] = Field(default_factory=list, description="what a person should know")
 
 
-async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[CheckRow]:
-    """Oracle and no-op for every instance of `task`, `concurrency` instances at a time."""
+async def check_task(
+    task: Task, env: TaskEnv, *, concurrency: int = 2, logs: Path | None = None
+) -> list[CheckRow]:
+    """Oracle and no-op for every instance of `task`, `concurrency` instances at a time; a
+    failing instance's grader output goes to a file in `logs` (default: a temporary folder)."""
     gate = asyncio.Semaphore(concurrency)
+    logs = logs or Path(tempfile.gettempdir()) / f"agentrl-check-{uuid.uuid4().hex[:8]}"
 
     async def one(instance: Instance) -> CheckRow:
         async with gate:
@@ -76,6 +92,10 @@ async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[
             and noop.reward is not None
             and noop.reward < FULL_REWARD
         )
+        verdict, fix, kind = ("pass", None, None) if ok else _judge(oracle, noop)
+        if kind is not None:  # the episode that shows what is wrong
+            log = logs / f"{task.spec.name}.{instance.id}.{kind}.log"
+            _explain(oracle if kind == "oracle" else noop, log)
         missing = env.missing_network()
         return CheckRow(
             task=task.spec.name,
@@ -84,6 +104,8 @@ async def check_task(task: Task, env: TaskEnv, *, concurrency: int = 2) -> list[
             oracle=oracle,
             noop=noop,
             ok=ok,
+            verdict=verdict,
+            fix=fix,
             notes=([missing] if missing else []) + env.image_notes(),
         )
 
@@ -109,7 +131,10 @@ async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome
             graded = await env.evaluate(sandbox, instance)
         except GraderError as e:
             return Outcome(
-                error=f"eval: {first_line(e)}", fix=e.fix or None, seconds=_since(started)
+                error=f"eval: {first_line(e)}",
+                fix=e.fix or None,
+                seconds=_since(started),
+                evidence=e.evidence if isinstance(e, DidNotRun) else None,
             )
         except AgentRLError as e:
             return Outcome(
@@ -123,7 +148,84 @@ async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome
         tests=_tests(graded.components),
         failed=failed[:10],
         seconds=_since(started),
+        evidence=graded.evidence,
     )
+
+
+NO_TESTS_FIX = (
+    "the test command did not run even with the reference solution in place: the lines above "
+    "say why (often a program or file the tests need that the image lacks); fix the image or "
+    "the test script"
+)
+ORACLE_FAILS_FIX = (
+    "the reference solution does not pass the task's own tests: the failures are above, all of "
+    "them in the log; fix the solution, or the tests if they ask for the wrong thing"
+)
+NOOP_PASSES_FIX = (
+    "the tests already pass in the untouched sandbox, so they reward doing nothing: make them "
+    "check what the task asks the agent to change"
+)
+
+
+def _judge(oracle: Outcome, noop: Outcome) -> tuple[str, str, str]:
+    """A failing instance's verdict, its fix, and which episode shows it ("oracle", "noop")."""
+    both = (("oracle", "oracle", oracle), ("noop", "no-op", noop))
+    for kind, name, o in both:
+        if o.error and not o.error.startswith(("eval: ", "reference solution: ")):
+            return f"{name}: sandbox error", o.fix or "see what `agentrl doctor` says", kind
+    if oracle.error and oracle.error.startswith("reference solution: "):
+        return "solution failed", oracle.fix or "make the reference solution run", "oracle"
+    for kind, name, o in both:
+        if o.error:  # a fix that says to run `agentrl check` again sends you in a circle
+            fix = o.fix if o.fix and "agentrl check" not in o.fix else NO_TESTS_FIX
+            return f"{name}: no tests ran", fix, kind
+    if oracle.reward is not None and oracle.reward < FULL_REWARD:
+        return f"oracle earns {oracle.reward:g}", ORACLE_FAILS_FIX, "oracle"
+    return f"no-op earns {noop.reward:g}", NOOP_PASSES_FIX, "noop"
+
+
+_SUMMARY = re.compile(r"=+ short test summary info =+", re.IGNORECASE)
+_COUNTS = re.compile(r"^=+ .*\b(passed|failed|errors?|no tests ran)\b.* =+$")
+_TELLING = re.compile(
+    r"error|fail|not found|no such|no module|denied|traceback|exception|refused|timed? ?out"
+    r"|cannot|unable",
+    re.IGNORECASE,
+)
+
+
+def explain(output: str, most: int = EXPLAIN_LINES) -> list[str]:
+    """The lines of a grader's output that say why it failed, in their order: pytest's
+    assertion lines (`E ...`), the tests its summary lists and its final count; without a
+    pytest summary, the lines that name an error and the last three."""
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    at = next((i for i, line in enumerate(lines) if _SUMMARY.search(line)), None)
+    if at is not None:
+        asserts = [i for i in range(at) if lines[i].startswith("E ")][:4]
+        listed = [i for i in range(at + 1, len(lines)) if lines[i].startswith(("FAILED", "ERROR"))]
+        counts = [i for i in range(at + 1, len(lines)) if _COUNTS.match(lines[i])][-1:]
+        picked = asserts + listed[: most - len(asserts) - len(counts)] + counts
+    else:
+        telling = [i for i, line in enumerate(lines) if _TELLING.search(line)]
+        last = list(range(max(len(lines) - 3, 0), len(lines)))
+        picked = telling[: most - len(last)] + last
+    return [lines[i][:240] for i in sorted(set(picked))][:most]
+
+
+def _explain(outcome: Outcome, log: Path) -> None:
+    """Fill `outcome`'s excerpt and write its whole grader output to `log`."""
+    evidence = outcome.evidence
+    if evidence is None:  # no grader ran: the error is all there is
+        outcome.excerpt = [outcome.error] if outcome.error else []
+        return
+    outcome.excerpt = explain(evidence.output)
+    head = [f"grader: {evidence.grader}", f"command: {evidence.command}"]
+    head.append(f"exit code: {evidence.exit_code}")
+    head += [f"error: {outcome.error}"] if outcome.error else [f"reward: {outcome.reward}"]
+    head += [f"reference: {evidence.reference}"] if evidence.reference else []
+    head += [f"note: {note}" for note in evidence.notes]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("\n".join(head) + "\n\n" + evidence.output, encoding="utf-8")
+    outcome.log = str(log)
 
 
 def _failed(stage: str, error: AgentRLError, started: float) -> Outcome:
@@ -164,13 +266,14 @@ def check_paths(
             fix="list a task's instances with `agentrl validate PATH`",
         )
     run_id = f"check-{uuid.uuid4().hex[:8]}"
+    logs = Path(tempfile.gettempdir()) / f"agentrl-{run_id}"  # made only if an instance fails
 
     async def go() -> list[CheckRow]:
         rows: list[CheckRow] = []
         for task in tasks:
             if task.instances:
                 env = make_env(task, provider, run_id)
-                rows += await check_task(task, env, concurrency=concurrency)
+                rows += await check_task(task, env, concurrency=concurrency, logs=logs)
         return rows
 
     return asyncio.run(go())

@@ -4,7 +4,9 @@ What can be known before any episode starts is checked once, so a missing image,
 setup command that fails, a policy server that is not up, or a prompt longer than the
 context is one error and exit 1 instead of a run of N infrastructure failures:
 
-1. every instance's first prompt fits `limits.context_length` (the run's tokenizer);
+1. every instance's first prompt fits `limits.context_length` (the run's tokenizer, on
+   the instances whose prompt could come near it: the cost does not grow per instance
+   beyond rendering its two prompts);
 2. the policy answers, for samplers that talk to a server (`check()`);
 3. each task's first instance goes through INIT (image, files, setup; tried as often as
    an episode's INIT) and is closed.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -22,13 +24,16 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from agentrl.agent import PROMPT_FIX, open_chat, prompt_overflow
 from agentrl.errors import AgentRLError, ConfigError, SandboxError
 from agentrl.tasks.env import build_tools
+from agentrl.tasks.load import first_prompts
+from agentrl.tasks.spec import Instance, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.chat import ChatSession
     from agentrl.inference.base import Sampler
     from agentrl.tasks.env import EpisodeEnv
-    from agentrl.tasks.spec import Task
+    from agentrl.tools.base import Tool
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +45,73 @@ INIT_ATTEMPTS = 3
 
 def check_prompts(task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
     """ConfigError naming the instances whose first prompt leaves no room to sample (an
-    external harness writes its own prompts: the gateway refuses one that does not fit)."""
+    external harness writes its own prompts: the gateway refuses one that does not fit).
+
+    The tools, their schemas and the chat template around the prompts are rendered once
+    per task; an instance is tokenized only when its prompt could reach the limit."""
     if task.spec.agent is not None:
         return
     tools = build_tools(task)
     over = []
-    for instance in task.instances:
+    for instance in _could_overflow(task, tools, tokenizer):
         overflow = prompt_overflow(task, open_chat(task, instance, tools, tokenizer))
         if overflow is not None:
             over.append(f"{instance.id}: {overflow}")
     if over:
         more = f" (and {len(over) - 1} more instance(s))" if len(over) > 1 else ""
         raise ConfigError(f"{task.path}: instance {over[0]}{more}", fix=PROMPT_FIX)
+
+
+_PROBE = ("\x00agentrl-system\x00", "\x00agentrl-instance\x00")
+"""Stand-ins for the two prompts, to render the chat template around them once."""
+_ESCAPABLE = " \n\t\"'<>&\\[]%#`\r "
+"""Characters a template that escapes or quotes its content would lengthen."""
+_SLACK = 32
+"""Tokens a tokenizer may add beyond one per byte (SentencePiece's prefix markers)."""
+
+
+def _could_overflow(
+    task: Task, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase
+) -> Iterator[Instance]:
+    """The instances whose first prompt may not fit `limits.context_length`.
+
+    When the chat template puts the two prompts in at most verbatim (checked once, with
+    stand-ins that a template which escapes or quotes would lengthen), an instance's
+    rendered prompt is the template's text around the stand-ins plus its own two prompts.
+    In ASCII every token covers at least one byte, so an instance whose prompts are ASCII
+    and whose rendered prompt has fewer bytes than the limit (less `_SLACK`) fits without
+    being tokenized. Every other instance is yielded, to be counted."""
+    limit = task.spec.limits.context_length - _SLACK
+    around = _around(task, tools, tokenizer) if task.instances else None
+    for instance in task.instances:
+        if around is not None:
+            system, user = first_prompts(instance, task.spec.prompt)
+            if around + len(system) + len(user) < limit and system.isascii() and user.isascii():
+                continue
+        yield instance
+
+
+def _around(task: Task, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """Bytes of the task's first prompt besides its two prompts, when the template puts
+    them in at most verbatim and its own text takes no more tokens than bytes; else None
+    (every instance is tokenized)."""
+
+    def rendered(system: str, user: str) -> ChatSession:
+        texts = {"system": system, "instance": user}
+        spec = task.spec.model_copy(update={"prompt": task.spec.prompt.model_copy(update=texts)})
+        probe = task.model_copy(update={"spec": spec})
+        return open_chat(probe, Instance(id="probe"), tools, tokenizer)
+
+    system, user = _PROBE
+    chat = rendered(system, user)
+    plain = chat.covered
+    size = len(plain.encode())
+    if plain.count(system) != 1 or plain.count(user) != 1 or len(chat) > size:
+        return None
+    special = rendered(system + _ESCAPABLE, user + _ESCAPABLE).covered
+    if len(special.encode()) > size + 2 * len(_ESCAPABLE):  # it escapes or quotes content
+        return None
+    return size - len(system) - len(user)
 
 
 async def preflight(

@@ -5,10 +5,12 @@ An episode run with `snapshots.every: k` commits its sandbox after INIT
 *before* turn K is the snapshot of turn K-1, or the INIT one for K = 0. To replay from
 turn K, the latest such snapshot at or before K is restored (turn J <= K; with no
 snapshot at all, INIT runs again) and the recorded replies of turns J..n are acted on
-again through the same tools. Each observation is compared with the recorded one; the
-first that differs is the divergence (turn, tool, and a diff). A branch instead lets a
-policy sample from turn K on: a new trajectory whose prefix is the original's, token
-for token.
+again through the same tools, and the sandbox is graded again. Each observation is
+compared with the recorded one: one that differs only in volatile details (a timestamp,
+a duration, a PID, a container's hostname: `VOLATILE`) is reported and replay goes on;
+the first that differs in anything else is the divergence (turn, tool, and a diff), and
+the replies after it are not acted on. A branch instead lets a policy sample from turn K
+on: a new trajectory whose prefix is the original's, token for token.
 
 The bash tool's shell is new in a restored sandbox: state that lived only in the old
 shell (a `cd`, an exported variable) is not in a snapshot, which holds files only.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import re
+import sys
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.agent import Episode, build_tools
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentRLError, ConfigError, first_line
 from agentrl.runner import make_env, read_run_info
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, Task
@@ -49,14 +53,35 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# What two runs of the same command in the same state may print differently. A pattern
+# that could match real content (a checksum, a random number) does not belong here.
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+VOLATILE: dict[str, re.Pattern[str]] = {
+    "timestamps": re.compile(
+        r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
+        rf"|\b(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),? +)?{_MONTH} +\d{{1,2}},? +"
+        r"(?:\d{2}:\d{2}(?::\d{2})?|\d{4})\b"
+        r"|\b\d{2}:\d{2}:\d{2}(?:\.\d+)?\b"
+    ),
+    "durations": re.compile(
+        r"\b\d+m\d+(?:\.\d+)?s\b|\b\d+(?:\.\d+)? ?(?:ns|us|µs|ms|s|secs?|seconds?|mins?|minutes?)\b"
+    ),
+    "PIDs": re.compile(r"(?i)\bpid[ =:]*\d+|^\[\d+\] \d+$|/proc/\d+", re.MULTILINE),
+    "container ids": re.compile(r"\b(?=[0-9a-f]{0,11}[a-f])(?=[0-9a-f]{0,11}\d)[0-9a-f]{12}\b"),
+    "temporary names": re.compile(r"\btmp\.[A-Za-z0-9]{6,}"),
+}
+
+
 class Divergence(_Frozen):
-    """The first turn whose replayed observation is not the recorded one."""
+    """A turn whose replayed observation is not the recorded one."""
 
     turn: int
     tool: str | None
     recorded: str
     replayed: str
     diff: str
+    volatile: list[str] = []
+    """Non-empty: the kinds of volatile detail (`VOLATILE`) that are all the two differ in."""
 
 
 class ReplayReport(_Frozen):
@@ -65,13 +90,22 @@ class ReplayReport(_Frozen):
     restored_at: int  # the turn whose pre-state was restored (<= from_turn)
     snapshot: str | None  # None: INIT ran again
     replayed_turns: list[int]
-    divergence: Divergence | None
+    divergence: Divergence | None  # the first real one; the replies after it were not acted on
+    volatile: list[Divergence] = []  # differences only in volatile details, replayed through
     reward_recorded: float | None
-    reward_replayed: float | None
+    reward_replayed: float | None  # the sandbox graded after the last replayed turn
+    grade_error: str | None = None  # why it could not be graded again
 
     @property
     def matched(self) -> bool:
+        """Every replayed observation equals the recorded one, up to volatile details."""
         return self.divergence is None
+
+    @property
+    def reward_matched(self) -> bool:
+        """The sandbox earned the recorded reward again (true when none was recorded)."""
+        recorded, replayed = self.reward_recorded, self.reward_replayed
+        return self.grade_error is None and (recorded is None or recorded == replayed)
 
 
 def find_trajectory(run_dir: Path, trajectory_id: str) -> Trajectory:
@@ -159,7 +193,16 @@ class Session:
             recorded=turn.observation,
             replayed=text,
             diff=_diff(turn.observation, text),
+            volatile=volatile_only(turn.observation, text),
         )
+
+    async def regrade(self) -> tuple[float | None, str | None]:
+        """(reward, None) of the sandbox as it is now, or (None, why it cannot be graded)."""
+        assert self.sandbox is not None
+        try:
+            return (await self.env.evaluate(self.sandbox, self.instance)).reward, None
+        except AgentRLError as e:
+            return None, first_line(e)
 
     async def close(self) -> None:
         sandbox, self.sandbox = self.sandbox, None
@@ -173,23 +216,26 @@ async def replay(
     *,
     provider: SandboxProvider | None = None,
 ) -> ReplayReport:
-    """Restore the sandbox before `from_turn`, act on the recorded replies again, compare."""
+    """Restore the sandbox before `from_turn`, act on the recorded replies again, compare,
+    and grade the sandbox again (after the divergence, if there is one)."""
     session = Session(run_dir, trajectory_id, provider)
     traj = session.traj
     try:
         j, snapshot = await session.restore(from_turn)
         replayed: list[int] = []
+        volatile: list[Divergence] = []
         divergence = None
         for i in range(j, len(traj.turns)):
             if not executed(traj.turns[i]):
                 continue
             replayed.append(i)
-            divergence = await session.execute(i)
-            if divergence is not None:
+            difference = await session.execute(i)
+            if difference is not None and difference.volatile:
+                volatile.append(difference)
+            elif difference is not None:  # later replies answered a state not reached here
+                divergence = difference
                 break
-        reward = None
-        if divergence is None and session.sandbox is not None:
-            reward = (await session.env.evaluate(session.sandbox, session.instance)).reward
+        reward, grade_error = await session.regrade()
     finally:
         await session.close()
     return ReplayReport(
@@ -199,17 +245,22 @@ async def replay(
         snapshot=snapshot,
         replayed_turns=replayed,
         divergence=divergence,
+        volatile=volatile,
         reward_recorded=traj.reward,
         reward_replayed=reward,
+        grade_error=grade_error,
     )
 
 
 async def restore_to(session: Session, turn: int) -> tuple[int, str | None, Divergence | None]:
     """Restore, then act on turns J..turn-1 again so the sandbox is as it was before
-    `turn`; a divergence on the way means it may not be."""
+    `turn`; a divergence on the way (beyond volatile details) means it may not be."""
     j, snapshot = await session.restore(turn)
     for i in range(j, turn):
-        if executed(session.traj.turns[i]) and (divergence := await session.execute(i)):
+        if not executed(session.traj.turns[i]):
+            continue
+        divergence = await session.execute(i)
+        if divergence is not None and not divergence.volatile:
             return j, snapshot, divergence
     return j, snapshot, None
 
@@ -268,6 +319,12 @@ async def open_shell(
 
     session = Session(run_dir, trajectory_id, provider)
     try:
+        if not sys.stdin.isatty():  # checked before a sandbox starts for nothing
+            raise ConfigError(
+                "--shell opens an interactive bash, and this command's input is not a terminal",
+                fix="run it in a terminal; without one, act on the recorded replies again: "
+                f"agentrl replay {run_dir} {trajectory_id} --from-turn {from_turn}",
+            )
         _, _, divergence = await restore_to(session, from_turn)
         sandbox = session.sandbox
         workdir = session.task.spec.sandbox.workdir
@@ -331,6 +388,19 @@ def failures(run_dir: Path) -> list[FailureGroup]:
 def snapshot_ids(trajs: list[Trajectory]) -> list[str]:
     ids = [t.env.init_snapshot for t in trajs] + [u.snapshot_id for t in trajs for u in t.turns]
     return sorted({i for i in ids if i})
+
+
+def volatile_only(recorded: str, replayed: str) -> list[str]:
+    """The kinds of volatile detail two different texts differ in, when those are all
+    they differ in (every such detail masked, they are equal); else []."""
+    masked = [recorded, replayed]
+    kinds = []
+    for kind, pattern in VOLATILE.items():
+        found = [pattern.findall(text) for text in masked]
+        masked = [pattern.sub(f"<{kind}>", text) for text in masked]
+        if found[0] != found[1]:
+            kinds.append(kind)
+    return kinds if masked[0] == masked[1] else []
 
 
 def _diff(recorded: str, replayed: str) -> str:

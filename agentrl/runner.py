@@ -3,12 +3,19 @@
 Episodes run through the configured dispatcher (default: pipeline, 4 slots), stream into
 `trajectories.jsonl` as they finish and are summarised in `summary.json`: reward mean
 and spread, stop reasons, tool calls and tool errors, timings.
+
+A run folder is an evaluation folder (`agentrl.evaluation`: sample k of instance i is
+the trajectory `i_k`, `eval.json` says what is run) plus `conversations.jsonl` and
+`summary.json`, so a run continues as an evaluation does: the episodes it recorded are
+kept and only the missing ones run. An interrupted run still writes its summary, of the
+episodes that finished, marked incomplete.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -29,13 +36,23 @@ from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
 from agentrl.registry import resolve
 from agentrl.tasks.spec import AgentConfig, SnapshotPolicy, Task
-from agentrl.trajectory import Trajectory, TrajectoryStore, agent_counts
+from agentrl.trajectory import BRANCHES, Trajectory, TrajectoryStore, agent_counts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.evaluation import EvalSpec
     from agentrl.sandbox.base import SandboxProvider
     from agentrl.tasks.env import TaskEnv
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 30.0
+"""Where no bar is drawn (output to a file or a pipe), a progress line at most this often."""
+SUMMARY = "summary.json"
+CONVERSATIONS = "conversations.jsonl"
+RUN_FILES = (SUMMARY, CONVERSATIONS, "trajectories.jsonl.index", BRANCHES)
+"""What a run folder holds beside an evaluation's files: `overwrite` removes these too."""
 
 
 class RunSummary(BaseModel):
@@ -63,6 +80,10 @@ class RunSummary(BaseModel):
     agent: dict[str, int] = Field(
         default_factory=dict, description="external harnesses' calls, edits, drift ({}: none)"
     )
+    complete: bool = Field(
+        default=True, description="False: interrupted, `missing` episodes not run (--resume)"
+    )
+    missing: int = Field(default=0, description="episodes asked for and not recorded")
 
 
 class RunInfo(BaseModel):
@@ -158,7 +179,9 @@ def select_instances(task: Task, ids: list[str] | None, *, strict: bool = True) 
     return task.model_copy(update={"instances": [i for i in task.instances if i.id in ids]})
 
 
-def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -> RunSummary:
+def summarize(
+    task: str, run_id: str, trajs: list[Trajectory], seconds: float, missing: int = 0
+) -> RunSummary:
     rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
     infra = [t for t in trajs if not t.trainable]
     turns = [turn for t in trajs for turn in t.turns]
@@ -184,6 +207,8 @@ def summarize(task: str, run_id: str, trajs: list[Trajectory], seconds: float) -
         gen_seconds=round(sum(t.gen_seconds for t in turns), 3),
         tool_seconds=round(sum(t.tool_seconds for t in turns), 3),
         agent=agent_counts(trajs),
+        complete=not missing,
+        missing=missing,
     )
 
 
@@ -208,10 +233,17 @@ async def stream_episodes(
 ) -> None:
     """Run `episodes` through a fresh dispatcher, handing each trajectory to `keep` as it
     finishes (nothing else holds it), under a bar `name` showing the reward mean so far.
-    A feed may grow while it runs (`keep` may put more in it; the bar's total follows)."""
+    A feed may grow while it runs (`keep` may put more in it; the bar's total follows).
+    Where no bar is live (output to a file or a pipe), the same news is logged instead:
+    at the start, after the first episode, at most every LOG_EVERY_S seconds, and after
+    the last."""
     graded, total, infra = 0, 0.0, 0
     size = (lambda: episodes.size) if isinstance(episodes, Feed) else (lambda: len(episodes))
     bar = progress.add_task("", total=size(), name=name)
+    lines = progress.disable or not progress.console.is_terminal  # rich draws nothing there
+    start = said = time.monotonic()
+    if lines:
+        log.info("%s: %d episodes to run", name, size())
     try:
         async with aclosing(dispatcher.build().run(episodes)) as stream:
             async for traj in stream:
@@ -223,8 +255,29 @@ async def stream_episodes(
                 mean = f"{total / graded:.2f}" if graded else "-"
                 shown = f"reward mean {mean}" + (f", {infra} infra failures" if infra else "")
                 progress.update(bar, advance=1, total=size(), description=shown)
+                now, done = time.monotonic(), graded + infra
+                if lines and (now - said >= LOG_EVERY_S or done in (1, size())):
+                    said = now
+                    elapsed = time.strftime("%H:%M:%S", time.gmtime(now - start))
+                    log.info("%s: %d/%d episodes, %s, %s", name, done, size(), shown, elapsed)
     finally:
         progress.remove_task(bar)
+
+
+def run_spec(
+    task: Task, policy: str, model: str | None = None, overrides: dict[str, int] | None = None
+) -> EvalSpec:
+    """What a run of `task` by `policy` runs, as `eval.json` records it: a resume must
+    run the same (the task's files, the policy, its tokenizer, the limits overridden)."""
+    from agentrl.evaluation import EvalSpec
+
+    return EvalSpec(
+        tasks={task.spec.name: task.hash},
+        paths=[str(Path(task.path).resolve())],
+        policy=policy,
+        model=model,
+        limits=overrides or {},
+    )
 
 
 async def run_task(
@@ -239,36 +292,107 @@ async def run_task(
     show_progress: bool = True,
     snapshots: SnapshotPolicy | None = None,
     model: str | None = None,
+    spec: EvalSpec | None = None,
+    overwrite: bool = False,
 ) -> RunSummary:
+    """`samples` episodes of every instance of `task` (sample k of instance i is the
+    trajectory `i_k`) into `out_dir`, then `summary.json` over every one recorded.
+
+    A folder that holds a run of the same `spec` (default: this task, played by the
+    sampler's class) is continued: its episodes are kept, only the missing ones run;
+    `overwrite` starts it again; a folder holding anything else is refused (ConfigError).
+    Nothing is written before the preflight passes. Interrupted (Ctrl-C, SIGTERM, an
+    error), the summary of the episodes recorded is written, marked incomplete.
+    `model`: whose tokenizer the token ids are in, for run.json."""
+    from agentrl.evaluation import Evaluation, wanted
+
+    spec = spec or run_spec(task, type(sampler).__qualname__, model)
+    folder = Evaluation(out_dir, spec, overwrite=overwrite)
+    asked = wanted([task], samples)
+    todo = folder.missing(asked)
+    if kept := len(asked) - len(todo):
+        log.info("%s: %d of %d episodes already recorded (kept)", out_dir, kept, len(asked))
+    before = 0.0 if overwrite else _seconds_before(out_dir)
+    start = time.monotonic()
     run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
+    if not todo:
+        return _summary(out_dir, task, _run_id_of(out_dir, run_id), set(asked), before)
     env = make_env(task, provider, run_id)
     await preflight([env], sampler, tokenizer)  # before anything is written
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store = TrajectoryStore(out_dir / "trajectories.jsonl")
-    conversations = out_dir / "conversations.jsonl"
-    info = RunInfo(run_id=run_id, provider=provider.name, tasks=[task.path], model=model)
-    write_run_info(out_dir, info)
+    folder.start(run_id, provider.name, model=model)
+    conversations = out_dir / CONVERSATIONS
+    if overwrite:
+        for name in RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    else:  # a line torn by a kill, or one whose trajectory's line was, goes
+        _keep_conversations(conversations, {f"{o.instance}_{o.attempt}" for o in folder.done})
+    instances = {i.id: i for i in task.instances}
     episodes = [
-        Episode(task, inst, k, sampler, tokenizer, env, snapshots=snapshots)
-        for inst in task.instances
-        for k in range(samples)
+        Episode(task, instances[inst], k, sampler, tokenizer, env, snapshots=snapshots)
+        for _, inst, k in todo
     ]
 
-    done: list[Trajectory] = []
-
     def keep(traj: Trajectory) -> None:
-        done.append(traj)
-        store.append(traj)
+        folder.record(traj)
         with conversations.open("a", encoding="utf-8") as f:  # what the model saw
             messages = seen_messages(task, traj, tokenizer)
             f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
             f.write("\n")
 
-    start = time.monotonic()
-    with progress_bars(show_progress) as progress:
-        await stream_episodes(
-            episodes, dispatcher or PipelineConfig(concurrency=4), keep, progress, task.spec.name
-        )
-    summary = summarize(task.spec.name, run_id, done, time.monotonic() - start)
-    write_atomic(out_dir / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
+    try:
+        with progress_bars(show_progress) as progress:
+            await stream_episodes(
+                episodes,
+                dispatcher or PipelineConfig(concurrency=4),
+                keep,
+                progress,
+                task.spec.name,
+            )
+    finally:  # interrupted too: what finished is summarised, and says it is not all
+        seconds = before + time.monotonic() - start
+        summary = _summary(out_dir, task, run_id, set(asked), seconds)
     return summary
+
+
+def _summary(
+    out_dir: Path, task: Task, run_id: str, asked: set[tuple[str, str, int]], seconds: float
+) -> RunSummary:
+    """Summarise the recorded episodes `asked` names; write summary.json."""
+    from agentrl.scores import Outcome
+
+    path = out_dir / "trajectories.jsonl"
+    trajs = (
+        [t for t in TrajectoryStore(path) if Outcome.of(t).key in asked] if path.is_file() else []
+    )
+    summary = summarize(task.spec.name, run_id, trajs, seconds, missing=len(asked) - len(trajs))
+    write_atomic(out_dir / SUMMARY, json.dumps(summary.model_dump(), indent=2) + "\n")
+    return summary
+
+
+def _seconds_before(out_dir: Path) -> float:
+    """The wall seconds an earlier, interrupted or shorter, run in `out_dir` took (0: none)."""
+    try:
+        return RunSummary.model_validate_json((out_dir / SUMMARY).read_text()).seconds
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _run_id_of(out_dir: Path, default: str) -> str:
+    try:
+        return read_run_info(out_dir).run_id
+    except (ConfigError, ValueError):
+        return default
+
+
+def _keep_conversations(path: Path, ids: set[str]) -> None:
+    """Rewrite `path` with only the whole lines of the trajectories `ids`."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            if line.endswith("\n") and json.loads(line)["trajectory_id"] in ids:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    write_atomic(path, "".join(kept))

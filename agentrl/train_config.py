@@ -11,6 +11,7 @@ instance of `tasks` trains.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -26,7 +27,8 @@ from agentrl.tasks.spec import AgentConfig, SnapshotPolicy
 from agentrl.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.yamlfile import YamlFile
+    from agentrl.tasks.spec import Task
+    from agentrl.yamlfile import Loc, YamlFile
 
 
 class _Model(BaseModel):
@@ -213,20 +215,176 @@ class TrainConfig(_Model):
 def load_train_config(path: str | Path) -> TrainConfig:
     """The validated config, or ConfigFileError listing every problem with its line.
 
-    A `model:` folder resolves beside the config file (as `tasks:` do) and must exist."""
+    A `model:` folder resolves beside the config file (as `tasks:` do) and must hold what
+    the run loads from it (the embedded model must be installed): looked at, never loaded.
+    Its tasks are not read: `load_train` reads them too."""
     from agentrl.yamlfile import load_model
 
-    def model_folder(config: TrainConfig, file: YamlFile) -> TrainConfig:
-        if config.model == "embedded":
-            return config
-        folder = Path(path).parent / config.model
-        if not folder.is_dir():
-            file.add(
-                ("model",),
-                f"model folder {config.model!r} not found ({folder.resolve()}): give 'embedded' "
-                "or a folder with the model's config.json and weights (nothing is downloaded)",
-            )
-            return config
-        return config.model_copy(update={"model": str(folder.resolve())})
+    def check(config: TrainConfig, file: YamlFile) -> TrainConfig:
+        return _model_folder(config, Path(path), file)
 
-    return load_model(Path(path), TrainConfig, what="train config", check=model_folder)
+    return load_model(Path(path), TrainConfig, what="train config", check=check)
+
+
+@dataclass(frozen=True)
+class TrainInputs:
+    """A train config and the tasks it names, loaded as `agentrl train` starts from them."""
+
+    config: TrainConfig
+    tasks: list[Task]
+    eval_tasks: list[Task]
+    """`eval.tasks`, in order"""
+
+
+def load_train(path: str | Path) -> TrainInputs:
+    """The config at `path` and every task it names, loaded and checked against it as
+    `agentrl train` needs them before its first step: the model folder, each task (and
+    eval task) found and valid, a held-out split with instances on both sides, a first
+    mini-batch that fills, one sampling temperature the backend can learn at.
+
+    ConfigFileError lists every problem at once, at its line in the config or in a task
+    file. Files only: no Docker, no model, no torch; `agentrl validate` of a train config
+    is this call."""
+    from agentrl.yamlfile import load_model
+
+    tasks: list[Task] = []
+    held: list[Task] = []
+
+    def check(config: TrainConfig, file: YamlFile) -> TrainConfig:
+        config = _model_folder(config, Path(path), file)
+        base = Path(path).parent
+        named = [("tasks", i, t) for i, t in enumerate(config.tasks)]
+        named += [("eval", i, t) for i, t in enumerate(config.eval.tasks)]
+        for key, i, name in named:
+            loc: Loc = ("tasks", i) if key == "tasks" else ("eval", "tasks", i)
+            task = _load_task(base / name, name, loc, file)
+            if task is not None:
+                (tasks if key == "tasks" else held).append(task)
+        if len(tasks) + len(held) == len(named):  # the split needs every task
+            _check_start(config, tasks, held, file)
+        return config
+
+    config = load_model(Path(path), TrainConfig, what="train config", check=check)
+    return TrainInputs(config, tasks, held)
+
+
+def _model_folder(config: TrainConfig, path: Path, file: YamlFile) -> TrainConfig:
+    """`config` with its model folder resolved beside the config file; problems added
+    when it is not there, lacks what the run loads, or the embedded model is missing."""
+    if config.model == "embedded":
+        from agentrl.errors import ModelNotFoundError
+        from agentrl.inference.embedded import gguf_path
+
+        try:
+            gguf_path()
+        except ModelNotFoundError as e:
+            file.add(("model",), f"{e.message} ({e.fix})")
+        return config
+    folder = path.parent / config.model
+    if not folder.is_dir():
+        file.add(
+            ("model",),
+            f"model folder {config.model!r} not found ({folder.resolve()}): give 'embedded' "
+            "or a folder with the model's config.json and weights (nothing is downloaded)",
+        )
+        return config
+    if lacking := _model_lacks(folder, weights=config.backend.type == "fsdp"):
+        file.add(("model",), f"model folder {config.model!r} ({folder.resolve()}) {lacking}")
+    return config.model_copy(update={"model": str(folder.resolve())})
+
+
+def _model_lacks(folder: Path, *, weights: bool) -> str | None:
+    """What a model folder lacks that the run loads from it (the tokenizer always; the
+    config and weights where the fsdp backend trains them), or None."""
+    names = {p.name for p in folder.iterdir()}
+    missing = []
+    if weights and "config.json" not in names:
+        missing.append("config.json")
+    if weights and not any(n.endswith((".safetensors", ".bin")) for n in names):
+        missing.append("weights (*.safetensors or *.bin)")
+    if not names & {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}:
+        missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
+    if not missing:
+        return None
+    return f"holds no {', no '.join(missing)}: save the model and its tokenizer there"
+
+
+def split_sizes(
+    config: TrainConfig, tasks: Sequence[Task], held: Sequence[Task]
+) -> tuple[int, int]:
+    """(training, held-out) instances: `eval.tasks` whole when given, else every
+    `eval.holdout_every`-th instance of each task (the first included), as
+    `agentrl.train.data.split` takes them."""
+    if held:
+        return sum(len(t.instances) for t in tasks), sum(len(t.instances) for t in held)
+    k = config.eval.holdout_every
+    out = sum((len(t.instances) + k - 1) // k for t in tasks)
+    return sum(len(t.instances) for t in tasks) - out, out
+
+
+def _load_task(path: Path, name: str, loc: Loc, file: YamlFile) -> Task | None:
+    """The task at `path` (as `name` in the config, at `loc`); None with its problems added."""
+    from agentrl.tasks.formats import load_any
+    from agentrl.textfile import UnreadableFile
+    from agentrl.yamlfile import ConfigFileError, Problem
+
+    if not path.exists():
+        file.add(loc, f"{name!r} not found (looked for {path.resolve()})")
+        return None
+    try:
+        return load_any(path)
+    except ConfigFileError as e:  # the task's own problems, at their lines in it
+        file.problems += e.problems
+    except UnreadableFile as e:
+        file.problems.append(Problem(str(e.path), e.line, "file", e.reason))
+    except ConfigError as e:
+        file.add(loc, f"{e.message} ({e.fix})" if e.fix else e.message)
+    return None
+
+
+def _check_start(
+    config: TrainConfig, tasks: Sequence[Task], held: Sequence[Task], file: YamlFile
+) -> None:
+    """What `Trainer` refuses before its first step, as problems at the config's lines."""
+    n_train, n_held = split_sizes(config, tasks, held)
+    if not n_train or not n_held:
+        key = "tasks" if held else "holdout_every"
+        given = key in config.eval.model_fields_set
+        file.add(
+            ("eval", key) if given else ("tasks",),  # the line of what decides the split
+            f"{n_train} training and {n_held} held-out instances: give the tasks more "
+            "instances, or change eval.holdout_every (or name held-out task files in eval.tasks)",
+        )
+    sched = config.schedule
+    if isinstance(sched, AsyncSchedule) and 0 < n_train < sched.prompts_per_step:
+        file.add(
+            ("schedule", "prompts_per_step"),
+            f"{n_train} training prompts cannot fill one mini-batch of {sched.prompts_per_step} "
+            "groups: lower prompts_per_step or give the tasks more instances",
+        )
+    every = [*tasks, *held]
+    temps = sorted({config.temperature or t.spec.sampling.temperature for t in every})
+    if len(temps) > 1:
+        file.add(
+            ("tasks",),
+            f"the tasks sample at different temperatures {temps}: give every task the same "
+            "sampling.temperature, or set temperature: in this config",
+        )
+    for t in every:
+        if t.spec.sampling.top_p < 1.0:
+            file.add(
+                ("tasks",),
+                f"task {t.spec.name}: sampling.top_p {t.spec.sampling.top_p} < 1: the learner "
+                "cannot reproduce the logprobs of a truncated distribution (set top_p: 1.0)",
+            )
+    if temps == [0.0]:
+        file.add(
+            ("tasks",),
+            "sampling.temperature 0 (greedy) has no logprobs to learn from: train with a "
+            "temperature > 0 (e.g. 0.7 or 1.0)",
+        )
+    elif len(temps) == 1 and isinstance(config.backend, TinkerConfig):
+        try:  # the fsdp backend's check is about the machine it runs on: not here
+            config.backend.model_copy(update={"temperature": temps[0]}).check()
+        except ConfigError as e:
+            file.add(("temperature",), f"{e.message} ({e.fix})" if e.fix else e.message)

@@ -57,14 +57,26 @@ def test_there_is_a_recipe_per_backend() -> None:
 
 
 def test_every_variant_validates_as_shipped(tmp_path: Path) -> None:
-    """`agentrl validate` on each recipe, byte for byte, beside the model folder it names
-    (the one thing it checks on disk; the node has it, this machine does not)."""
+    """`agentrl validate` on each recipe, byte for byte, beside what it names on disk (the
+    node has them, this machine does not): the model folder's files and the rows files,
+    with enough training rows for the recipe's first mini-batch. Without the rows it
+    does not validate: `train` would fail on them."""
     copies = tmp_path / "examples" / "train"
     copies.mkdir(parents=True)
     for path in RECIPES:
         shutil.copy(path, copies / path.name)
-        model = yaml.safe_load(path.read_text())["model"]
-        (copies / model).mkdir(parents=True, exist_ok=True)
+        data = yaml.safe_load(path.read_text())
+        model = copies / data["model"]
+        model.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "tokenizer.json", "model.safetensors"):
+            (model / name).write_text("{}")
+        for name, count in ((data["tasks"][0], 16), (data["eval"]["tasks"][0], 1)):
+            rows = [
+                swe_smith_row(f"calc__calc.0.x__{i}", TAG, BUG, "t.py::a", "t.py::b")
+                for i in range(count)
+            ]
+            (copies / name).parent.mkdir(parents=True, exist_ok=True)
+            write_rows((copies / name).parent, rows, Path(name).name)
     proc = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "validate", *map(str, sorted(copies.iterdir()))],
         capture_output=True,

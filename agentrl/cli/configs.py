@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rich.table import Table
@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 
 def train(args: argparse.Namespace) -> int:
-    from agentrl.tasks.formats import load_any
-    from agentrl.train_config import load_train_config
+    from agentrl.train_config import load_train
     from agentrl.yamlfile import readable
 
-    config = load_train_config(args.config)  # before torch is imported: a bad file is quick
+    # Every task, the split and the model folder, checked as `agentrl validate` checks
+    # them, before torch is imported: a bad file is quick.
+    inputs = load_train(args.config)
+    config = inputs.config
     data = config.model_dump(exclude_unset=True)  # what the file says, and only that
     if args.steps is not None:
         data["schedule"]["steps"] = args.steps
@@ -41,9 +43,7 @@ def train(args: argparse.Namespace) -> int:
             f"{flag.get(str(err['loc'][0]), 'a flag')}: {readable(err)}",
             fix="give a value the train config itself could hold",
         ) from None
-    base = args.config.parent
-    tasks = [load_any(base / t) for t in config.tasks]
-    eval_tasks = [load_any(base / t) for t in config.eval.tasks]
+    tasks, eval_tasks = inputs.tasks, inputs.eval_tasks
     out = args.out or Path("runs") / config.name
     if out.exists() and any(out.iterdir()) and not args.resume and not args.overwrite:
         raise ConfigError(
@@ -69,10 +69,24 @@ def train(args: argparse.Namespace) -> int:
             solved = f"{row['pass_at_1']:.3f} +- {row['pass_at_1_ci95']:.3f}"
             when, step, episodes = key.removeprefix("eval_"), str(row["step"]), str(row["episodes"])
             table.add_row(when, step, reward, solved, episodes)
+    table.caption = _no_update(summary)
+    table.caption_style = "bold red" if summary.get("skipped_steps") else None
     console.print(table)
     console.print(f"metrics: {out / 'metrics.jsonl'}  reward curve: {out / 'reward.png'}")
     console.print(f"held-out evaluations: {out / 'eval'} (agentrl eval --compare A B pairs two)")
     return 0
+
+
+def _no_update(summary: dict[str, Any]) -> str | None:
+    """The table's last word on steps that made no update (the weights did not move)."""
+    skipped: dict[str, int] = summary.get("skipped_steps") or {}
+    count, steps = sum(skipped.values()), summary["steps"]
+    if not count:
+        return None
+    why = "; ".join(r if n == count else f"{r}: {n} steps" for r, n in skipped.items())
+    if count == steps:
+        return f"no update was made: every step ({steps}) was skipped ({why})"
+    return f"{count} of {steps} steps made no update ({why})"
 
 
 def validate(args: argparse.Namespace) -> int:
@@ -98,9 +112,15 @@ def _validate_one(path: Path, model: str = "embedded") -> str | None:
             count = sum(1 for _ in TrajectoryStore(path).read())
             console.print(f"{path}: {count} trajectories, all valid")
         elif kind == "train-config":
-            from agentrl.train_config import load_train_config
+            from agentrl.train_config import load_train, split_sizes
 
-            console.print(f"{path}: ok (train config {load_train_config(path).name})")
+            run = load_train(path)  # all that `agentrl train` loads before its first step
+            n_train, n_held = split_sizes(run.config, run.tasks, run.eval_tasks)
+            files = len(run.tasks) + len(run.eval_tasks)
+            console.print(
+                f"{path}: ok (train config {run.config.name}): {n_train} training and "
+                f"{n_held} held-out instances in {files} task file(s)"
+            )
         else:
             task = load_any(path)
             what = "rows" if kind == "rows" else "task"

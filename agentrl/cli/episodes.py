@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -14,8 +15,11 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from agentrl.cli.output import console, err_console, human_bytes, tag
+from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
+    from agentrl.check import CheckRow
+    from agentrl.replay import ReplayReport
     from agentrl.runner import RunSummary
     from agentrl.sandbox.base import SandboxProvider
     from agentrl.tasks.spec import AgentConfig
@@ -24,15 +28,19 @@ if TYPE_CHECKING:
 def run(args: argparse.Namespace) -> int:
     from pydantic import TypeAdapter
 
+    from agentrl.cli.evaluate import _policy_name
     from agentrl.dispatch import DispatchConfig
     from agentrl.inference.config import parse_policy
     from agentrl.inference.embedded import model_tokenizer
-    from agentrl.runner import run_task, select_instances, with_overrides
+    from agentrl.runner import run_spec, run_task, select_instances, with_overrides
     from agentrl.sandbox import provider
     from agentrl.tasks.formats import load_any
 
     task = select_instances(load_any(args.task), instance_ids(args.instances))
-    task = with_overrides(task, limit_overrides(args), agent=agent_override(args))
+    overrides = limit_overrides(args)
+    task = with_overrides(task, overrides, agent=agent_override(args))
+    out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _claim(out, resume=args.resume, overwrite=args.overwrite)
     snapshots = None
     if args.snapshots is not None:
         policy = task.spec.snapshots
@@ -42,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
     )
     sampler_config = parse_policy(args.policy)
     model = args.model or sampler_config.tokenizer_model()
+    model = str(Path(model).resolve()) if Path(model).is_dir() else model
+    spec = run_spec(task, _policy_name(args.policy), model, overrides)
     tokenizer = model_tokenizer(model)
     sampler = sampler_config.build(tokenizer=tokenizer)
-    out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     async def go() -> RunSummary:
         try:
@@ -58,16 +67,22 @@ def run(args: argparse.Namespace) -> int:
                 dispatcher=dispatcher,
                 snapshots=snapshots,
                 model=model,
+                spec=spec,
+                overwrite=args.overwrite,
             )
         finally:
             await sampler.close()
 
-    summary = asyncio.run(go())
+    try:
+        summary = asyncio.run(go())
+    except KeyboardInterrupt:
+        _how_to_continue(out, given=args.out is not None)
+        raise
     table = Table(title=f"agentrl run {task.spec.name} -> {out}")
     table.add_column("metric")
     table.add_column("value")
     infra_keys = ("infra_failures", "first_infra_error", "first_infra_fix")
-    for key, value in summary.model_dump(exclude=set(infra_keys)).items():
+    for key, value in summary.model_dump(exclude={*infra_keys, "complete", "missing"}).items():
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         table.add_row(key, shown, style="dim" if value is None else None)
     console.print(table)
@@ -89,6 +104,48 @@ def run(args: argparse.Namespace) -> int:
         if summary.first_infra_fix:
             err_console.print(f"fix: {summary.first_infra_fix}")
     return 1 if total and failed == total else 0
+
+
+def _claim(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse an --out that already holds something unless told what to do with it, as
+    `agentrl train` does; refuse a --resume with nothing to continue."""
+    from agentrl.evaluation import EVAL_INFO
+
+    used = out.is_dir() and any(out.iterdir())
+    if used and not (resume or overwrite):
+        raise ConfigError(
+            f"{out} already holds a run",
+            fix="continue it with --resume, replace it with --overwrite, or pick --out DIR",
+        )
+    if resume and not used:
+        raise ConfigError(
+            f"--resume: {out} holds no run to continue",
+            fix="start it without --resume, or point --out at the run to continue",
+        )
+    if resume and not (out / EVAL_INFO).is_file():
+        raise ConfigError(
+            f"--resume: {out} has no {EVAL_INFO} (not a run folder, or one written before "
+            "runs could be resumed)",
+            fix="replace it with --overwrite, or pick --out DIR",
+        )
+
+
+def _how_to_continue(out: Path, *, given: bool) -> None:
+    """After Ctrl-C: what the interrupted run recorded, and the flags that continue it."""
+    from agentrl.runner import SUMMARY, RunSummary
+
+    try:
+        summary = RunSummary.model_validate_json((out / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # interrupted before any episode ran: nothing to continue
+    if summary.complete:
+        return
+    flags = "--resume" if given else f"--out {out} --resume"
+    asked = summary.trajectories + summary.missing
+    err_console.print(
+        f"{summary.trajectories} of {asked} episodes are recorded in {out} (summary.json "
+        f"marked incomplete); the same command with {flags} runs the other {summary.missing}"
+    )
 
 
 def limit_overrides(args: argparse.Namespace) -> dict[str, int]:
@@ -138,32 +195,31 @@ def check(args: argparse.Namespace) -> int:
             instances=instance_ids(args.instances),
             concurrency=args.concurrency,
         )
+    # Short cells only: a failure's explanation goes below the table, so it reads at 80 columns.
     table = Table(title="agentrl check: the oracle must earn 1.0, doing nothing less")
-    for col in ("task", "instance", "oracle", "no-op", "oracle tests", "no-op tests", "infra"):
-        table.add_column(col)
-    table.add_column("s", justify="right")
+    table.add_column("task")
+    table.add_column("instance")
+    for col in ("oracle", "no-op", "result"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("s", justify="right", no_wrap=True)
     for row in rows:
-        errors = [e for e in (row.oracle.error, row.noop.error) if e]
         table.add_row(
             row.task,
             row.instance,
             _reward(row.oracle.reward),
             _reward(row.noop.reward),
-            row.oracle.tests,
-            row.noop.tests,
-            "; ".join(errors),
+            row.verdict,
             f"{row.oracle.seconds + row.noop.seconds:.0f}",
             style=None if row.ok else "red",
         )
-    console.print(table)
+    console.print(table, soft_wrap=False)
     bad = [r for r in rows if not r.ok]
     console.print(f"{len(rows) - len(bad)} of {len(rows)} instances pass")
+    fixed: dict[str, str] = {}  # a fix already given -> the instance it was given for
     for row in bad:
-        for what, outcome in (("oracle", row.oracle), ("no-op", row.noop)):
-            if outcome.fix:
-                console.print(f"{row.instance} {what}: fix: {outcome.fix}")
+        _print_check_failure(row, fixed)
     for note in dict.fromkeys(n for r in rows for n in r.notes):
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", soft_wrap=False)
     if args.json:
         data = json.dumps([r.model_dump() for r in rows], indent=2) + "\n"
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +229,52 @@ def check(args: argparse.Namespace) -> int:
 
 def _reward(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
+
+
+def _one_line(text: str) -> None:
+    """`text` cut to the terminal's width (with an ellipsis), never wrapped."""
+    console.print(text, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+
+
+def _indented(label: str, text: str) -> None:
+    """`    label text`, wrapped to the terminal's width under its own indent."""
+    width = max(console.width, 40)
+    pad = " " * (4 + len(label) + 1)
+    console.print(textwrap.fill(text, width, initial_indent=f"    {label} ", subsequent_indent=pad))
+
+
+def _without_output(error: str) -> str:
+    """An error without the end of the output a grader appended (`line | line | ...`):
+    the lines below the table show that output better."""
+    cut = error.find(" | ")
+    return error if cut < 0 else error[: error.rfind(": ", 0, cut)]
+
+
+def _print_check_failure(row: CheckRow, fixed: dict[str, str]) -> None:
+    """A failing instance: what each episode earned, the lines that explain it, where its
+    whole log is, and the fix (once; a later instance with the same fix points back)."""
+    name = row.instance if row.instance == row.task else f"{row.task}/{row.instance}"
+    console.print(tag(f"FAIL {name}:", "red", row.verdict))
+    shown: list[str] = []
+    for what, o in (("oracle", row.oracle), ("no-op", row.noop)):
+        text = _without_output(o.error) if o.error else f"reward {_reward(o.reward)}, {o.tests}"
+        if shown and text == shown[0] and o.error:
+            text = "the same"
+        shown.append(text)
+        if o.excerpt and not o.log:  # an error that nothing else explains: all of it
+            _indented(f"{what}:", text)
+        else:
+            _one_line(f"    {what}: {text}")
+    for o in (row.oracle, row.noop):
+        if o.log:
+            for text in o.excerpt:
+                _one_line(f"    | {text}")
+            console.print(f"    whole log: {o.log}")  # never cut: it is for copying
+    if row.fix in fixed:
+        console.print(f"    fix: as for {fixed[row.fix]} above")
+    elif row.fix:
+        fixed[row.fix] = name
+        _indented("fix:", row.fix)
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -207,26 +309,57 @@ def replay(args: argparse.Namespace) -> int:
             f"reward {traj.reward}, {len(traj.turns)} turns -> {run_dir / replay.BRANCHES}"
         )
         return 0
-    report = asyncio.run(replay.replay(run_dir, tid, k))
+    return _print_replay(asyncio.run(replay.replay(run_dir, tid, k)))
+
+
+def _print_replay(report: ReplayReport) -> int:
+    """What replay found; the exit status says what differed: 0 nothing (volatile details
+    aside), 3 an observation, 4 only the re-graded reward."""
     where = f"snapshot {report.snapshot[:19]}" if report.snapshot else "a fresh INIT (no snapshot)"
     console.print(
-        f"{tid}: restored before turn {report.restored_at} from {where}; "
+        f"{report.trajectory_id}: restored before turn {report.restored_at} from {where}; "
         f"replayed turns {report.replayed_turns}"
     )
-    if report.divergence is None:
+    for d in report.volatile:
+        kinds = ", ".join(d.volatile)
+        console.print(tag("note:", "yellow", f"turn {d.turn} differs only in {kinds}; replayed on"))
+        changed = [ln for ln in d.diff.splitlines()[2:] if ln[:1] in "+-"]
+        for line in changed[:6]:
+            _one_line(f"    {line}")
+    if report.grade_error is not None:
+        graded = f"re-grading failed: {report.grade_error}"
+    else:
+        graded = f"re-graded reward {_reward(report.reward_replayed)}"
+    recorded = report.reward_recorded
+    graded += f" (recorded {'none: not graded' if recorded is None else _reward(recorded)})"
+    if report.divergence is not None:
+        d = report.divergence
         console.print(
             tag(
-                "matched:",
-                "green",
-                "every replayed observation equals the recorded one (reward recorded "
-                f"{report.reward_recorded}, replayed {report.reward_replayed})",
+                "diverged",
+                "red",
+                f"at turn {d.turn} ({d.tool or 'no tool call'}): the observation differs beyond "
+                "volatile details, and replay stopped there:",
             )
         )
-        return 0
-    d = report.divergence
-    console.print(tag("diverged", "red", f"at turn {d.turn} ({d.tool or 'no tool call'}):"))
-    console.print(d.diff)
-    return 3
+        console.print(d.diff)
+        console.print(f"{graded}, in the sandbox as turn {d.turn} left it")
+        return 3
+    turns = [d.turn for d in report.volatile]
+    also = f" (turns {turns} up to volatile details)" if turns else ""
+    if not report.reward_matched:
+        console.print(
+            tag("reward differs:", "red", f"every replayed observation matched{also}, but {graded}")
+        )
+        return 4
+    console.print(
+        tag(
+            "matched:",
+            "green",
+            f"every replayed observation equals the recorded one{also}; {graded}",
+        )
+    )
+    return 0
 
 
 def _note_divergence(turn: int) -> None:

@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     _episode_options(r)
     r.add_argument("-n", "--samples", type=_at_least(1), default=1, help="episodes per instance")
     r.add_argument("--out", type=Path, help="output folder (default runs/<task>-<time>)")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out: keep its episodes, run only the missing ones",
+    )
+    again.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     r.add_argument(
         "--snapshots",
         type=_at_least(0),

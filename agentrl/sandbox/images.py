@@ -22,6 +22,7 @@ date when its recipe hash is unchanged and the base it was built on is still the
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import json
@@ -164,6 +165,26 @@ def recipe_dir(name: str) -> Path:
             fix=f"use one of: {choices} (or add {root}/{name}/Dockerfile)",
         )
     return root / name
+
+
+def missing_image_fix(image: str) -> str:
+    """What to do about `image` when the engine does not have it. An `agentrl/` name is
+    built only by the recipe that makes exactly that image; any other (a typo) gets the
+    images the recipes make and the nearest, never a build of a different image."""
+    if not image.startswith("agentrl/"):
+        return f"docker pull {image} (or docker load it)"
+    root = sandboxes_dir()
+    recipes = {image_tag(p.parent.name): p.parent.name for p in root.glob("*/Dockerfile")}
+    repository, tag = parse_repository_tag(image)
+    if (named := f"{repository}:{tag or 'latest'}") in recipes:
+        return f"agentrl images build {recipes[named]}"
+    if repository.startswith(("agentrl/task-", "agentrl/swe-")):  # tags of built task recipes
+        return "name the task's recipe folder in sandbox.recipe: agentrl builds its image"
+    made = sorted(recipes)
+    recipes_make = f"the recipes in {root} make {', '.join(made) or 'nothing'}, not {image}"
+    if close := difflib.get_close_matches(image, made, n=1):
+        return f"correct the task's sandbox.image: did you mean {close[0]}? ({recipes_make})"
+    return f"correct the task's sandbox.image, or docker build/load {image} ({recipes_make})"
 
 
 def extra_cas() -> list[Path]:

@@ -33,8 +33,9 @@ ROW_KEYS = ('"instance_id"', '"repo_name"', '"docker_image"')
 def kind_of(path: str | Path) -> Kind:
     """What `path` holds, from its name and, where the name does not settle it, its head.
 
-    A missing file is classified by its name (its reader says it is missing); a path that
-    is none of the kinds is a ConfigError with the fix.
+    A missing file is classified by its name (its reader says it is missing), a missing
+    path whose name says nothing is not found; a path that is none of the kinds is a
+    ConfigError with the fix.
     """
     p = Path(path)
     if p.is_dir():
@@ -52,6 +53,8 @@ def kind_of(path: str | Path) -> Kind:
         return "trajectories"
     if p.suffix in ROWS_SUFFIXES:
         return "rows"
+    if not p.exists():
+        raise ConfigError(f"{p}: not found", fix="check the path (a task folder or file)")
     raise ConfigError(
         f"{p}: neither a task (.yaml/.yml, a folder with task.yaml) nor trajectories (.jsonl)",
         fix="name a task file or folder, a train config, rows or trajectories",

@@ -2,7 +2,8 @@
 
 Three kinds, declared in `spec.py`: a command (exit code 0 gives 1.0, or the number it
 wrote to a reward file), pytest (every FAIL_TO_PASS and PASS_TO_PASS test must pass,
-read from the `-rA` summary), and a python `module:function`. Importers add their own
+read from the `-rA` summary, where pytest names each test by its path from where it
+started), and a python `module:function`. Importers add their own
 (Terminal-Bench, Harbor, SWE-bench) on the same models.
 
 Every grade carries `Evidence`: the test command, its exit code, per-test statuses, the
@@ -23,6 +24,7 @@ import importlib.util
 import inspect
 import json
 import math
+import posixpath
 import re
 import shlex
 import sys
@@ -47,7 +49,6 @@ SIGNAL_EXITS = {132: "SIGILL", 133: "SIGTRAP", 134: "SIGABRT", 135: "SIGBUS", 13
 SIGNAL_EXITS |= {137: "SIGKILL (out of memory?)", 139: "SIGSEGV"}
 """Exit codes (128 + signal) of a test command that died rather than reported."""
 
-_PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 _COLLECTION_ERROR = re.compile(r"^ERROR (\S+?)(?: - .*)?$|errors? during collection", re.M)
 _NODE_ID = re.compile(r"[^\s\[]+(?:\[.*?\])?(?=\s|$)")
@@ -122,17 +123,10 @@ async def grade(task: Task, instance: Instance, sandbox: Sandbox) -> Grade:
 
 
 def fill(template: str, instance: Instance) -> str:
-    """Put instance fields (and `id`) into `{name}` placeholders; other braces stay as they are.
-
-    `${VAR}` is left to the shell, and a name that is no field is left untouched.
-    """
-    values = {**instance.fields, "id": instance.id}
-
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1)
-        return str(values[name]) if name in values else match.group(0)
-
-    return _PLACEHOLDER.sub(one, template)
+    """A shell template with instance fields (and `id`) in its `{name}` placeholders and
+    `{{ }}` as literal braces; the shell's own braces (`${VAR}`, `{a,b}`) stay as written
+    (`agentrl.tasks.placeholders`)."""
+    return instance.render(template, "shell")
 
 
 def truncate(text: str, keep: int = OUTPUT_KEEP_CHARS) -> str:
@@ -212,10 +206,11 @@ def parse_pytest_log(log: str, wanted: Iterable[str] = ()) -> dict[str, str]:
 
 
 def listed_tests(value: list[str] | str, instance: Instance) -> list[str]:
-    """Test ids given inline, or named by an instance field (a list, or JSON text of one);
-    always a new list, so a caller that extends it changes no instance."""
-    if isinstance(value, list):
-        return list(value)
+    """Test ids given inline (their `{field}` placeholders filled), or named by an instance
+    field (a list, or JSON text of one: data, taken as it is); always a new list, so a
+    caller that extends it changes no instance."""
+    if isinstance(value, list):  # the task's own: templates, like its commands
+        return [fill(test, instance) for test in value]
     if value not in instance.fields:
         return []
     field = instance.fields[value]
@@ -297,19 +292,55 @@ async def _pytest(
     command += " " + " ".join(shlex.quote(t) for t in wanted)
     result = await sandbox.exec(ExecRequest(command=command, timeout=grader.timeout))
     evidence = ran(result, "pytest", "pytest", command)
-    found = parse_pytest_log(result.output, wanted)
-    tests = {t: found.get(t, "MISSING") for t in wanted}
+    tests = match_tests(wanted, result.output, sandbox.spec.workdir)
     evidence.tests = tests
-    if "MISSING" in tests.values():
+    missing = [t for t, status in tests.items() if status == "MISSING"]
+    if missing:
         check_collected(result.output, evidence)
-    if not found.keys() & set(wanted):
+    if len(missing) == len(wanted):
+        why = "; ".join(pytest_usage_errors(result.output)[:3]) or tail(result.output)
         raise DidNotRun(
-            f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed tests: "
-            f"{tail(result.output)}",
+            f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed "
+            f"tests: {why}",
             evidence,
         )
+    if missing:
+        note = f"pytest reported no result for {len(missing)} listed tests"
+        evidence.notes.append(f"{note}: {', '.join(missing[:5])}")
     reward = 1.0 if all(s in PASSING for s in tests.values()) else 0.0
     return reward, {"exit_code": result.exit_code, **count_tests(tests)}, evidence
+
+
+def as_reported(test_id: str, cwd: str) -> str:
+    """`test_id` as pytest's summary names it: the file's path from `cwd`, the directory
+    pytest started in (`/tests/t.py::x` from /workspace is `../tests/t.py::x`)."""
+    path, sep, rest = test_id.partition("::")
+    where = posixpath.normpath(posixpath.join(cwd, path))
+    return posixpath.relpath(where, cwd) + sep + rest
+
+
+def match_tests(wanted: list[str], log: str, cwd: str) -> dict[str, str]:
+    """Each listed test id -> its status in a `pytest -rA` log ("MISSING": not reported).
+
+    pytest names a test by its file's path from the directory it started in, whatever
+    path it was given: an id matches only in that form (an absolute path made relative to
+    `cwd`, a relative one normalized), the form no line but pytest's own has for it.
+    """
+    reported = {test: as_reported(test, cwd) for test in wanted}
+    found = parse_pytest_log(log, list(reported.values()))
+    return {test: found.get(at, "MISSING") for test, at in reported.items()}
+
+
+def pytest_usage_errors(log: str) -> list[str]:
+    """pytest's own `ERROR: ...` lines (`ERROR: not found: <id>` with the reason after it):
+    why it ran nothing."""
+    lines = log.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith("ERROR: "):
+            after = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            out.append(f"{line.strip()} {after}" if after.startswith("(") else line.strip())
+    return list(dict.fromkeys(out))
 
 
 async def _python(

@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from agentrl.errors import ConfigError
 from agentrl.tasks.instance_files import READERS, FileProblem, rows_yaml
-from agentrl.tasks.placeholders import fill_names, format_names
+from agentrl.tasks.placeholders import names
 from agentrl.tasks.spec import (
-    CommandGrader,
     Instance,
+    PromptConfig,
     PytestGrader,
     PythonGrader,
     Task,
@@ -44,7 +44,7 @@ from agentrl.yamlfile import (
 )
 from agentrl.yamlnodes import one_line
 
-__all__ = ["Problem", "TaskError", "check_task", "load_task", "parse_test_ids"]
+__all__ = ["Problem", "TaskError", "check_task", "first_prompts", "load_task", "parse_test_ids"]
 
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".csv")
 BYTES_PER_TOKEN = 32
@@ -68,6 +68,16 @@ def load_task(path: str | Path) -> Task:
     if task is None:
         raise TaskError(problems)
     return task
+
+
+def first_prompts(instance: Instance, prompt: PromptConfig) -> tuple[str, str]:
+    """The system prompt and the first user message of `instance`, filled. A template
+    without a brace is the same for every instance: it is not filled again for each."""
+    system, user = prompt.system, prompt.instance
+    return (
+        instance.render(system) if "{" in system or "}" in system else system,
+        instance.render(user) if "{" in user or "}" in user else user,
+    )
 
 
 def parse_test_ids(value: object) -> list[str] | None:
@@ -185,22 +195,14 @@ class _Loader(YamlFile):
         return rows if rows or not entries else None  # None: every entry was reported
 
     def _placeholders(self, spec: TaskSpec, instances: list[Instance]) -> None:
-        templates: list[tuple[Loc, str]] = [
-            (("prompt", "system"), spec.prompt.system),
-            (("prompt", "instance"), spec.prompt.instance),
-        ]
-        if isinstance(spec.grader, CommandGrader):
-            templates.append((("grader", "command"), spec.grader.command))
-        templates += [(("sandbox", "setup", i), c) for i, c in enumerate(spec.sandbox.setup)]
-        templates += [(("oracle", i), c) for i, c in enumerate(spec.oracle)]
         fields = sorted({f for inst in instances for f in inst.fields})
-        for loc, text in templates:
-            try:  # shell commands are filled like graders.fill, prompts like str.format
-                names = format_names(text) if loc[0] == "prompt" else fill_names(text)
+        for loc, text, kind in spec.templates():  # one way to read them (tasks.placeholders)
+            try:
+                found = names(text, kind)
             except ValueError as e:
                 self.add(loc, f"{e} (write {{{{ or }}}} for a literal brace)")
                 continue
-            for name, newlines, after_dollar in names:
+            for name, newlines, after_dollar in found:
                 line = self.line_in(loc, newlines)
                 base = re.split(r"[.\[:!]", name, maxsplit=1)[0]
                 if not base or base.isdigit():
@@ -225,16 +227,24 @@ class _Loader(YamlFile):
                     msg = f"placeholder {{{base}}}: {who} has no field {base!r}{guess}"
                 if after_dollar:
                     msg += f"; for a shell variable write ${{{{{base}}}}}"
+                elif kind == "shell" and len(lacking) == len(instances):
+                    msg += f"; a literal brace is written {{{{{base}}}}}"
                 self.add(loc, msg, line=line)
 
     def _prompt_sizes(self, spec: TaskSpec, instances: list[Instance]) -> None:
         # Without the run's tokenizer, only what cannot fit any: over BYTES_PER_TOKEN bytes
         # a token. `agentrl run` and `train` count the real tokens before the first episode.
         limit = BYTES_PER_TOKEN * spec.limits.context_length
+        templates = (spec.prompt.system, spec.prompt.instance)
+        fixed = sum(len(t.encode()) for t in templates)
+        slots = sum(t.count("{") for t in templates)  # a value per opening brace at most
         for inst in instances:
-            size = sum(
-                len(inst.render(t).encode()) for t in (spec.prompt.system, spec.prompt.instance)
-            )
+            # Filled only when it could pass the limit: a field's text is 4 bytes a character
+            # at most.
+            longest = max([len(inst.id), *(len(str(v)) for v in inst.fields.values())])
+            if fixed + 4 * slots * longest <= limit:
+                continue
+            size = sum(len(text.encode()) for text in first_prompts(inst, spec.prompt))
             if size > limit:
                 msg = f"instance {inst.id!r}: the prompt is {size:,} bytes, which cannot fit "
                 msg += f"limits.context_length ({spec.limits.context_length:,} tokens)"
@@ -331,7 +341,11 @@ class _Loader(YamlFile):
                 if lacking:
                     who = "no instance" if len(lacking) == len(instances) else _ids(lacking)
                     fields = sorted({f for i in instances for f in i.fields})
-                    self.add(("grader", key), f"{who} has a field {name!r}{suggest(name, fields)}")
+                    msg = f"{who} has a field {name!r}{suggest(name, fields)}"
+                    if key not in grader.model_fields_set:
+                        msg += f" ({key} names it by default): list the tests in the task"
+                        msg += ", or `pass_to_pass: []` for none" if key == "pass_to_pass" else ""
+                    self.add(("grader", key), msg)
                 if bad:
                     msg = f"field {name!r} of instance {_ids(bad)} is not a list of test ids"
                     self.add(("grader", key), msg + " (nor a JSON string of one)")

@@ -1,34 +1,84 @@
-"""The placeholders of a task's templates, as (name, newlines before it, right after a `$`).
+"""Task templates: the one way a template is filled from an instance, and read by validation.
 
-Prompts are filled like str.format; shell commands (setup, oracle, the grader's) like
-graders.fill, where `${VAR}` and other braces stay as written.
+A task holds templates in its prompts, its shell commands (setup, oracle, the grader's
+command) and its grader's fields (a reward file, test ids); `TaskSpec.templates()` lists
+them. Every one is filled the same way:
+
+- `{name}` is the instance's field `name` (or its `id`); a name no field has stays as
+  written (`agentrl validate` reports it);
+- `{{` and `}}` are a literal `{` and `}`;
+- `{name:spec}`, `{name!r}`, `{name.attr}`, `{name[0]}` are refused (a ValueError): they
+  would run code on a field's value, as str.format does.
+
+The kinds differ only in what else a brace may be. In a `shell` template the shell's own
+braces need no escape: `${VAR}` and every brace that does not make a `{name}` (`{a,b}`,
+`{1..3}`, awk's `{print $1}`, `find -exec ... {}`) stay as written. In a `prompt` every
+literal brace is written `{{` or `}}`, as in str.format: a single one is a mistake, and
+`${name}` is a dollar sign before the field.
 """
 
 from __future__ import annotations
 
 import re
-import string
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
 
-# The grader fills its command like graders.fill: `${VAR}` and other braces stay as written.
-_FILL_PLACEHOLDER = re.compile(r"(?<!\$)\{(\w+)\}")
+Kind = Literal["prompt", "shell"]
+
+_PATTERNS: dict[Kind, re.Pattern[str]] = {
+    "prompt": re.compile(r"\{\{|\}\}|\{(?P<field>[^{}]*)\}|(?P<stray>[{}])"),
+    # `${...}` is matched first so that it stays the shell's; a name starts with a letter
+    # (or `_`) and an attribute too, so that `{1..3}` and `{a..z}` stay the shell's.
+    "shell": re.compile(
+        r"\{\{|\}\}|\$\{[^{}]*\}"
+        r"|\{(?P<field>[A-Za-z_]\w*(?:(?:\.[A-Za-z_]|\[|![a-z]|:)[^{}\s]*)?|\d+)\}"
+    ),
+}
 
 
-def format_names(text: str) -> list[tuple[str, int, bool]]:
-    """Placeholders as str.format reads them (the prompts); ValueError for a stray brace."""
-    out, newlines, seen = [], 0, set()
-    for literal, field, spec, conversion in string.Formatter().parse(text):
-        newlines += literal.count("\n")
-        name = None if field is None else field + (f"!{conversion}" if conversion else "")
-        name = name + f":{spec}" if name is not None and spec else name
-        if name is not None and name not in seen:
-            seen.add(name)
-            out.append((name, newlines, literal.endswith("$")))
+class Placeholder(NamedTuple):
+    """One placeholder of a template, as written between its braces."""
+
+    name: str
+    newlines: int
+    """newlines before it in the template (its line, for a problem's line number)"""
+    after_dollar: bool
+    """right after a `$`: in a prompt, perhaps a shell variable meant literally"""
+
+
+def names(template: str, kind: Kind) -> list[Placeholder]:
+    """The placeholders of `template`, each once; ValueError for a single brace in a prompt."""
+    out: list[Placeholder] = []
+    for match in _PATTERNS[kind].finditer(template):
+        if match.groupdict().get("stray"):
+            raise ValueError(_stray(match.group(0)))
+        name = match.group("field")
+        if name is None or any(p.name == name for p in out):
+            continue
+        before = template[: match.start()]
+        out.append(Placeholder(name, before.count("\n"), before.endswith("$")))
     return out
 
 
-def fill_names(text: str) -> list[tuple[str, int, bool]]:
-    out: list[tuple[str, int, bool]] = []
-    for m in _FILL_PLACEHOLDER.finditer(text):
-        if all(m.group(1) != name for name, _n, _d in out):
-            out.append((m.group(1), text[: m.start()].count("\n"), False))
-    return out
+def fill(template: str, values: Mapping[str, Any], kind: Kind) -> str:
+    """`template` with its placeholders filled from `values` (see the module's rules)."""
+
+    def one(match: re.Match[str]) -> str:
+        token, name = match.group(0), match.group("field")
+        if token in ("{{", "}}"):
+            return token[0]
+        if match.groupdict().get("stray"):
+            raise ValueError(_stray(token))
+        if name is None:  # the shell's `${VAR}`
+            return token
+        if not name.isidentifier():
+            raise ValueError(f"placeholder {{{name}}}: only plain {{field}} placeholders")
+        return str(values[name]) if name in values else token
+
+    return _PATTERNS[kind].sub(one, template)
+
+
+def _stray(brace: str) -> str:
+    if brace == "{":
+        return "a single '{' (expected '}' to close a placeholder)"
+    return "a single '}' (no '{' opens it)"

@@ -8,10 +8,12 @@ tools that exist, files that exist) live in `agentrl.tasks.load`.
 
 from __future__ import annotations
 
-import string
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentrl.tasks.placeholders import Kind, fill
+from agentrl.yamlnodes import Loc
 
 DEFAULT_IMAGE = "agentrl/base:bookworm"
 
@@ -149,35 +151,58 @@ class _GraderBase(_Model):
 
 
 class CommandGrader(_GraderBase):
-    """Run a command: exit code 0 gives 1.0, or read a number from `reward_file`."""
+    """Run a command: exit code 0 gives 1.0 (any other 0.0), or read a number from
+    `reward_file`."""
 
     type: Literal["command"]
-    command: str = Field(description="run with bash -c in the workdir; {field} placeholders")
+    command: str = Field(
+        description="run with bash -c in the sandbox's workdir; {field} placeholders"
+    )
     reward_file: str | None = Field(
-        default=None, description="if set, the reward is the number written here"
+        default=None,
+        description="if set, the reward is the number the command wrote here (or a JSON "
+        'object with a numeric "reward"; its other keys become reward components), whatever '
+        "the exit code; deleted before the command runs, so a file the agent left never counts",
     )
 
 
 class PytestGrader(_GraderBase):
-    """Run the named tests; reward 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test passes."""
+    """Run the listed tests with pytest; reward 1.0 when every one of them passes (PASSED or
+    XFAIL), else 0.0. A listed test pytest does not report counts as not passing; when it
+    reports none of them the tests did not run, and whether they run where the task's
+    reference solution ran decides the episode's grade."""
 
     type: Literal["pytest"]
     fail_to_pass: list[str] | str = Field(
-        default="FAIL_TO_PASS", description="test ids, or the instance field that lists them"
+        default="FAIL_TO_PASS",
+        description="tests the agent's work must make pass: a list of pytest node ids "
+        "(`/tests/test_x.py::test_y`: a path absolute or relative to the workdir, "
+        "{field} placeholders), or the name of the instance field that lists them (a list "
+        "or JSON text of one, as SWE-bench rows carry)",
     )
     pass_to_pass: list[str] | str = Field(
-        default="PASS_TO_PASS", description="test ids, or the instance field that lists them"
+        default="PASS_TO_PASS",
+        description="tests that must keep passing, given like fail_to_pass; `[]` for none",
     )
     command: str = Field(
-        default="python3 -m pytest -rA -p no:cacheprovider", description="pytest invocation"
+        default="python3 -m pytest -rA -p no:cacheprovider",
+        description="the pytest invocation, run with bash -c in the workdir; the test ids "
+        "are appended (and -rA, whose summary is read, if missing); {field} placeholders",
     )
 
 
 class PythonGrader(_GraderBase):
-    """Call `module:function(sandbox, instance)`; it returns a reward or a dict with one."""
+    """Call `module:function(sandbox, instance)` on this machine; it returns a reward (a
+    number), a dict with a numeric "reward" (its "output" becomes the evidence's output,
+    its other keys reward components), or a `Grade`. An `async def` is awaited within
+    `timeout`; the sandbox's methods are coroutines (`exec`, `read_file`, `write_file`)."""
 
     type: Literal["python"]
-    function: str = Field(pattern=r"^[\w.]+:\w+$", description="module:function")
+    function: str = Field(
+        pattern=r"^[\w.]+:\w+$",
+        description="module:function, importable, or a module file beside the task "
+        "(`grade:score` is score() in grade.py next to the task file)",
+    )
 
 
 Grader = Annotated[CommandGrader | PytestGrader | PythonGrader, Field(discriminator="type")]
@@ -357,6 +382,27 @@ class TaskSpec(_Model):
     def tool_configs(self) -> list[ToolConfig]:
         return [ToolConfig(name=t) if isinstance(t, str) else t for t in self.tools]
 
+    def templates(self) -> list[tuple[Loc, str, Kind]]:
+        """Every template the task holds, where it is and how it is filled: the prompts,
+        the setup, oracle and grader commands, the reward file and the listed test ids."""
+        out: list[tuple[Loc, str, Kind]] = [
+            (("prompt", "system"), self.prompt.system, "prompt"),
+            (("prompt", "instance"), self.prompt.instance, "prompt"),
+        ]
+        out += [(("sandbox", "setup", i), c, "shell") for i, c in enumerate(self.sandbox.setup)]
+        out += [(("oracle", i), c, "shell") for i, c in enumerate(self.oracle)]
+        grader = self.grader
+        if isinstance(grader, CommandGrader | PytestGrader):
+            out.append((("grader", "command"), grader.command, "shell"))
+        if isinstance(grader, CommandGrader) and grader.reward_file is not None:
+            out.append((("grader", "reward_file"), grader.reward_file, "shell"))
+        if isinstance(grader, PytestGrader):
+            for key in ("fail_to_pass", "pass_to_pass"):
+                ids = getattr(grader, key)
+                if isinstance(ids, list):
+                    out += [(("grader", key, i), t, "shell") for i, t in enumerate(ids)]
+        return out
+
 
 class Instance(_Model):
     """One instance of a task: an id and the fields its templates and grader use."""
@@ -366,23 +412,15 @@ class Instance(_Model):
     id: str
     fields: dict[str, Any] = Field(default_factory=dict)
 
-    def render(self, template: str) -> str:
+    def render(self, template: str, kind: Kind = "prompt") -> str:
         """`template` with `{field}` placeholders (and `{id}`) filled; `{{` is a literal brace.
 
-        Only plain names are filled: a format spec, conversion, attribute or index
-        (`{f:d}`, `{f!r}`, `{f.stem}`, `{f[0]}`) is a ValueError, never code run on a
-        field's value (`agentrl validate` reports them at their line).
+        One way for every template (`agentrl.tasks.placeholders`): only plain names are
+        filled, a format spec, conversion, attribute or index (`{f:d}`, `{f!r}`, `{f.stem}`,
+        `{f[0]}`) is a ValueError, never code run on a field's value (`agentrl validate`
+        reports them at their line). A shell template leaves the shell's braces as written.
         """
-        values = {**self.fields, "id": self.id}
-        out = []
-        for literal, name, spec, conversion in string.Formatter().parse(template):
-            out.append(literal)
-            if name is None:
-                continue
-            if spec or conversion or not name.isidentifier():
-                raise ValueError(f"placeholder {{{name}}}: only plain {{field}} placeholders")
-            out.append(str(values[name]))
-        return "".join(out)
+        return fill(template, {**self.fields, "id": self.id}, kind)
 
 
 class Task(_Model):

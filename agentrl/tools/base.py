@@ -11,6 +11,7 @@ imported lazily), so a task's YAML lists them by name; a full dotted path also w
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -84,8 +85,9 @@ class ModelTool(ABC, Generic[A, Opts]):
     def __init__(self, **options: Any) -> None:
         self.options: Opts = build_options(type(self), options)
 
-    @property
+    @functools.cached_property
     def parameters(self) -> dict[str, Any]:
+        # Built once per tool: a prompt check renders it for every instance of a task.
         return args_schema(self.Args)
 
     async def __call__(self, sandbox: Sandbox, /, **arguments: Any) -> Observation:

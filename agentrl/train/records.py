@@ -272,6 +272,9 @@ class Summary(BaseModel):
     train_reward_first: float | None
     train_reward_last: float | None
     seconds: float
+    skipped_steps: dict[str, int] = Field(
+        default_factory=dict, description="steps that made no update, by why (their `skipped`)"
+    )
 
     @classmethod
     def of(cls, path: Path, name: str, schedule: str, seconds: float) -> Summary:
@@ -294,4 +297,10 @@ class Summary(BaseModel):
             train_reward_first=train[0].reward_mean if train else None,
             train_reward_last=train[-1].reward_mean if train else None,
             seconds=round(seconds, 1),
+            skipped_steps=dict(Counter(_why_skipped(r.skipped) for r in train if r.skipped)),
         )
+
+
+def _why_skipped(skipped: float | str) -> str:
+    """A step's `skipped` as a reason: the trainer's own words, or the backend's 1.0."""
+    return skipped if isinstance(skipped, str) else "the backend dropped a non-finite gradient"

@@ -19,11 +19,17 @@ from agentrl.errors import ConfigError, first_line
 from agentrl.trajectory import BRANCHES, INFRA_STOP_REASONS, Trajectory, run_files
 from agentrl.view.index import COLUMNS, EpisodeIndex, record
 
+SUMMARY, CONVERSATIONS = "summary.json", "conversations.jsonl"  # agentrl.runner's, unimported
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Progress = Callable[[str, int, int], None]
 """(what, done, total): how far indexing has got, in bytes."""
+
+ENDED_SLACK_S = 2.0
+"""A file changed this long after the run's summary still counts as before it (a folder
+copied or checked out gets its files' times in any order)."""
 
 
 @dataclass
@@ -130,6 +136,9 @@ class RunFolder:
 
     @property
     def kind(self) -> str:
+        # An `agentrl run` folder is an evaluation folder plus its conversations and summary.
+        if any((self.root / n).exists() for n in (CONVERSATIONS, SUMMARY)):
+            return "run"
         if (self.root / "eval.json").is_file():
             return "eval"
         markers = ("metrics.jsonl", "checkpoints", "eval")
@@ -219,8 +228,30 @@ class RunFolder:
             files = {f.id: len(f.index) for f in self.files.values()}
             path = self.root / "metrics.jsonl"
             size = path.stat().st_size if path.is_file() else 0
-            stamp = json.dumps([files, size, [f.index.end for f in self.files.values()]])
+            ends = [f.index.end for f in self.files.values()]
+            stamp = json.dumps([files, size, ends, self.finished()])
             return {"stamp": stamp, "files": files}
+
+    def finished(self) -> bool:
+        """Whether the run has ended: it wrote its last file (summary.json; an evaluation,
+        results.json) and changed none of its episodes or metrics after that (a resumed
+        run does; replay branches, added any time, do not count)."""
+        last = self.root / ("results.json" if self.kind == "eval" else SUMMARY)
+        try:
+            ended = last.stat().st_mtime
+        except OSError:
+            return False
+        summary = self._json(SUMMARY) if last.name == SUMMARY else None
+        if isinstance(summary, dict) and summary.get("complete") is False:
+            return False  # an interrupted run: `agentrl run --resume` continues it
+        written = [f.path for f in self.files.values() if f.id != "branches"]
+        for path in [*written, self.root / "metrics.jsonl"]:
+            try:
+                if path.stat().st_mtime > ended + ENDED_SLACK_S:
+                    return False
+            except OSError:
+                continue
+        return True
 
     # --- the page's questions ------------------------------------------------------
 
@@ -236,6 +267,7 @@ class RunFolder:
                 }
                 for f in self.files.values()
             ]
+            finished = self.finished()
         return {
             "name": self.root.name,
             "dir": str(self.root),
@@ -244,6 +276,7 @@ class RunFolder:
             "metrics": self.metrics(),
             "summary": self._json("summary.json"),
             "stamp": stamp,
+            "finished": finished,
             "infra_stops": sorted(INFRA_STOP_REASONS),  # the page's one list of them
         }
 

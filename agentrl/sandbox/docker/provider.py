@@ -37,7 +37,7 @@ from agentrl.sandbox.docker.engine import (
 )
 from agentrl.sandbox.docker.reap import reap, remove_snapshot, snapshot_bytes
 from agentrl.sandbox.docker.sandbox import DockerSandbox
-from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.images import docker_client, missing_image_fix
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,8 @@ def create_container(
         try:
             container_id = create(quota)
         except _NoQuota:
-            log.info("the Docker engine's storage driver has no size quota: disk is watched")
+            # Said once per client, and only with --debug: it changes nothing a person does.
+            log.debug("the Docker engine's storage driver has no size quota: disk is watched")
             quota = False
             container_id = create(quota)
         _quota_support[api] = quota
@@ -229,9 +230,7 @@ def create_container(
         fix = (
             "the snapshot was removed (agentrl gc --snapshots); snapshot again"
             if snapshot
-            else f"agentrl images build {image.split('/')[-1].split(':')[0]}"
-            if image.startswith("agentrl/")
-            else f"docker pull {image} (or docker load it)"
+            else missing_image_fix(image)
         )
         raise SandboxError(f"image {image} not found", fix=fix) from exc
     except (DockerException, requests.RequestException) as exc:

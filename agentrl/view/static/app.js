@@ -495,11 +495,23 @@
     const run = state.run;
     $('#run-name').textContent = run.name;
     $('#run-name').title = run.dir;
-    const badge = $('#mode-badge');
-    badge.textContent = STATIC ? 'static copy' : 'live';
-    badge.className = 'badge ' + (STATIC ? 'static' : 'live');
-    badge.title = STATIC ? 'an exported copy: no live updates' : 'updates while the run writes';
+    modeBadge($('#mode-badge'));
     document.title = run.name + ' · agentrl view';
+  }
+
+  /* Whether the page can change: a static copy never; a run that wrote its summary (and
+   * nothing since) has ended, though the page still polls (a resume, replay branches). */
+  const MODES = {
+    static: ['static copy', 'an exported copy: no live updates'],
+    finished: ['finished', 'the run has ended (it wrote its summary, and nothing since)'],
+    live: ['live', 'updates while the run writes'],
+  };
+  function modeBadge(badge) {
+    if (!badge) return;
+    const mode = STATIC ? 'static' : (state.run.finished ? 'finished' : 'live');
+    badge.textContent = MODES[mode][0];
+    badge.className = 'badge ' + mode;
+    badge.title = MODES[mode][1];
   }
 
   function loadingMain(text) {
@@ -563,8 +575,8 @@
         el('span', {class: 'muted', text: '(' + f.path + ')'}), ': ',
         el('strong', {class: 'file-rows', 'data-file': f.id, text: String(f.rows)}), ' episodes'));
     });
-    const mode = STATIC ? el('span', {class: 'badge static', text: 'static copy'})
-      : el('span', {class: 'badge live', id: 'live-indicator', text: 'live'});
+    const mode = el('span', {id: 'live-indicator'});
+    modeBadge(mode);
     return el('section', {id: 'run-header'},
       el('h1', null, run.name, ' ', el('span', {class: 'badge kind', text: run.kind}), ' ', mode),
       el('div', {class: 'muted run-dir', text: run.dir}),
@@ -694,8 +706,11 @@
       build: (box) => lineChart(box, tsteps, keys.filter((k) => hasKey(train, k[0]))
         .map((k, i) => ({label: k[1], y: T(k[0]), color: PALETTE[i]})), yRange),
     });
-    // fractions: from 0, at least to 0.01 (all zeros would otherwise span 0..100)
+    // uPlot spans a flat series 0..100: a reward or rate shows 0..1 at least, a count
+    // 0..1 at least, a fraction 0..0.01 at least
     const fracRange = (u, min, max) => [0, Math.max(0.01, (max || 0) * 1.1)];
+    const unitRange = (u, min, max) => [Math.min(0, min || 0), Math.max(1, max || 0)];
+    const countRange = (u, min, max) => [0, Math.max(1, (max || 0) * 1.1)];
     return [
       {
         metric: 'reward', title: 'Reward (mean, shaded: 95% interval)',
@@ -705,7 +720,7 @@
             y: aligned(steps, train, (r) => r.reward_mean), ci: aligned(steps, train, (r) => r.reward_ci95)},
           hasKey(evals, 'reward_mean') && {label: 'held-out eval reward', color: PALETTE[1], points: true,
             y: aligned(steps, evals, (r) => r.reward_mean), ci: aligned(steps, evals, (r) => r.reward_ci95)},
-        ].filter(Boolean)),
+        ].filter(Boolean), unitRange),
       },
       {
         metric: 'pass_rate', title: 'Pass rate (train) and pass@1 (held-out)',
@@ -715,12 +730,12 @@
             y: aligned(steps, train, (r) => r.pass_rate)},
           hasKey(evals, 'pass_at_1') && {label: 'held-out pass@1', color: PALETTE[1], points: true,
             y: aligned(steps, evals, (r) => r.pass_at_1), ci: aligned(steps, evals, (r) => r.pass_at_1_ci95)},
-        ].filter(Boolean)),
+        ].filter(Boolean), unitRange),
       },
       {
         metric: 'stop_reasons', title: 'Stop reasons (train episodes per step)',
         show: hasKey(train, 'stop_reasons'),
-        build: (box) => stopReasonsChart(box, train, tsteps),
+        build: (box) => stopReasonsChart(box, train, tsteps, countRange),
       },
       {
         metric: 'failures', title: 'Failures per step (train)',
@@ -730,7 +745,7 @@
           {label: 'agent failures', color: '#cf222e', y: aligned(tsteps, train, agentFailures)},
           {label: 'infrastructure (not the agent\'s)', color: '#8c959f', dash: [6, 4],
             y: aligned(tsteps, train, (r) => (isNum(r.infra_failures) ? r.infra_failures : (isNum(r.episodes) ? 0 : null)))},
-        ]),
+        ], countRange),
       },
       simple('tokens', 'Tokens per step', [['sampled_tokens', 'sampled'], ['total_tokens', 'total'],
         ['branch_sampled_tokens', 'sampled in branches']]),
@@ -749,7 +764,7 @@
     return Math.round(graded - r.pass_rate * graded);
   }
 
-  function stopReasonsChart(box, train, tsteps) {
+  function stopReasonsChart(box, train, tsteps, yRange) {
     const totals = {};
     train.forEach((r) => {
       const s = r.stop_reasons || {};
@@ -762,7 +777,7 @@
       dash: INFRA_STOPS.has(reason) ? [6, 4] : undefined,
       y: aligned(tsteps, train, (r) => (r.stop_reasons ? (r.stop_reasons[reason] || 0) : undefined)),
     }));
-    return lineChart(box, tsteps, lines);
+    return lineChart(box, tsteps, lines, yRange);
   }
 
   function evalTable() {
@@ -1818,8 +1833,10 @@
   }
 
   function onLiveUpdate(changed) {
+    modeBadge($('#mode-badge'));
     const live = $('#live-indicator');
-    if (live) live.title = 'last update ' + new Date().toLocaleTimeString();
+    modeBadge(live);
+    if (live && !state.run.finished) live.title = 'last update ' + new Date().toLocaleTimeString();
     if (state.page === 'overview') {
       // Charts are rebuilt when there is something new to chart (a step's metrics, a
       // new file; for folders without metrics, new rows); a growing count alone is

@@ -1,0 +1,17 @@
+"""Small statistics helpers."""
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return ordered[middle]
+
+
+def mode(values):
+    return min(set(values), key=values.count)

@@ -46,6 +46,7 @@ def test_the_docs_name_every_grader_key_and_example() -> None:
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.conformance  # CI's conformance stage: `agentrl check` on shipped tasks
 def test_every_grader_example_passes_check(tmp_path: Path) -> None:
     paths = [str(EXAMPLES / name / "task.yaml") for name in BY_TYPE.values()]
     out = tmp_path / "check.json"

@@ -126,7 +126,9 @@ def test_agentrl_train_loads_eval_tasks_beside_the_config(tmp_path: Path) -> Non
         timeout=120,
     )
     assert proc.returncode == 1
-    assert f"{tmp_path / 'verified.jsonl'}: rows file not found" in proc.stderr, proc.stderr
+    # Found where the config names it, as `agentrl validate` finds it (tasks/load_train).
+    want = f"{config}:3: eval.tasks[0]: 'verified.jsonl' not found (looked for {tmp_path}"
+    assert want in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -136,13 +136,12 @@ class RunFolder:
 
     @property
     def kind(self) -> str:
+        if any((self.root / m).exists() for m in ("metrics.jsonl", "checkpoints", "eval")):
+            return "train"
         # An `agentrl run` folder is an evaluation folder plus its conversations and summary.
         if any((self.root / n).exists() for n in (CONVERSATIONS, SUMMARY)):
             return "run"
-        if (self.root / "eval.json").is_file():
-            return "eval"
-        markers = ("metrics.jsonl", "checkpoints", "eval")
-        return "train" if any((self.root / m).exists() for m in markers) else "run"
+        return "eval" if (self.root / "eval.json").is_file() else "run"
 
     def _discover(self) -> None:
         """Add the trajectory files that exist now (an evaluation folder appears mid-run)."""

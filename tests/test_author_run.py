@@ -50,8 +50,13 @@ def summary(out: Path) -> dict[str, Any]:
     return data
 
 
-def test_a_used_folder_is_refused_and_overwrite_replaces_it(tmp_path: Path) -> None:
+def test_a_used_folder_is_refused_resumed_or_replaced(tmp_path: Path) -> None:
+    """`agentrl run` keeps its folder as `eval` does: a used --out is refused with the
+    way on; --resume runs only what is missing (the same run only); --overwrite replaces."""
     out = tmp_path / "run"
+    nothing = agentrl("run", TASK, "--policy", f"scripted:{ORACLE}", "--out", out, "--resume")
+    assert nothing.returncode == 1
+    assert f"error: --resume: {out} holds no run to continue" in nothing.stderr
     first = agentrl("run", TASK, "--policy", f"scripted:{ORACLE}", "--out", out)
     assert first.returncode == 0, first.stderr
     # Output to a pipe: the progress is logged, and the quota probe is not said.
@@ -68,30 +73,12 @@ def test_a_used_folder_is_refused_and_overwrite_replaces_it(tmp_path: Path) -> N
     )
     assert (out / "trajectories.jsonl").read_bytes() == before
 
-    fresh = agentrl("run", TASK, "--policy", f"scripted:{NOOP}", "--out", out, "--overwrite")
-    assert fresh.returncode == 0, fresh.stderr
-    assert sorted(ids(out)) == ["farewell_0", "greet_0"]
-    lines = (out / "conversations.jsonl").read_text().splitlines()
-    assert len(lines) == 2
-    assert summary(out)["trajectories"] == 2 and summary(out)["reward_mean"] == 0.0
-    grades = sorted(p.name for p in (out / "trajectories.grades").iterdir())
-    assert grades == ["farewell_0.json", "greet_0.json"]
-
-
-def test_resume_runs_only_what_is_missing_and_refuses_another_policy(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    nothing = agentrl("run", TASK, "--policy", f"scripted:{ORACLE}", "--out", out, "--resume")
-    assert nothing.returncode == 1
-    assert f"error: --resume: {out} holds no run to continue" in nothing.stderr
-    assert agentrl("run", TASK, "--policy", f"scripted:{ORACLE}", "--out", out).returncode == 0
-    first = (out / "trajectories.jsonl").read_bytes()
-
     more = agentrl(
         "run", TASK, "--policy", f"scripted:{ORACLE}", "--out", out, "--resume", "-n", "2"
     )
     assert more.returncode == 0, more.stderr
     assert "2 of 4 episodes already recorded (kept)" in more.stderr
-    assert (out / "trajectories.jsonl").read_bytes().startswith(first)
+    assert (out / "trajectories.jsonl").read_bytes().startswith(before)
     assert sorted(ids(out)) == ["farewell_0", "farewell_1", "greet_0", "greet_1"]
     assert len((out / "conversations.jsonl").read_text().splitlines()) == 4
     done = summary(out)
@@ -101,6 +88,15 @@ def test_resume_runs_only_what_is_missing_and_refuses_another_policy(tmp_path: P
     assert other.returncode == 1 and "Traceback" not in other.stderr
     assert "holds an evaluation of something else (policy" in other.stderr
     assert len(ids(out)) == 4
+
+    fresh = agentrl("run", TASK, "--policy", f"scripted:{NOOP}", "--out", out, "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr
+    assert sorted(ids(out)) == ["farewell_0", "greet_0"]
+    lines = (out / "conversations.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert summary(out)["trajectories"] == 2 and summary(out)["reward_mean"] == 0.0
+    grades = sorted(p.name for p in (out / "trajectories.grades").iterdir())
+    assert grades == ["farewell_0.json", "greet_0.json"]
 
 
 def test_ctrl_c_writes_the_summary_and_resume_finishes_the_run(tmp_path: Path) -> None:

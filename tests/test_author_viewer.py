@@ -10,11 +10,10 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+import test_view_browser
 
 from agentrl.trajectory import TrajectoryStore
 from agentrl.view.folder import RunFolder
@@ -46,28 +45,10 @@ def test_every_key_of_the_episodes_url_is_documented() -> None:
     assert "#/episode/' + encodeURIComponent(file) + '/' + row" in app  # the route it documents
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    from agentrl.tools.chromium import chromium_path
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path())
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh page whose script errors fail the test."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    yield page
-    page.close()
-    assert errors == []
+# The browser and page fixtures of the viewer's browser tests (Chromium; a page whose
+# script errors fail the test).
+browser = test_view_browser.browser
+page = test_view_browser.page
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -71,13 +71,9 @@ def load_task(path: str | Path) -> Task:
 
 
 def first_prompts(instance: Instance, prompt: PromptConfig) -> tuple[str, str]:
-    """The system prompt and the first user message of `instance`, filled. A template
-    without a brace is the same for every instance: it is not filled again for each."""
-    system, user = prompt.system, prompt.instance
-    return (
-        instance.render(system) if "{" in system or "}" in system else system,
-        instance.render(user) if "{" in user or "}" in user else user,
-    )
+    """The system prompt and the first user message of `instance`, filled (a template
+    without a brace comes back as it is: `tasks.placeholders.fill`)."""
+    return instance.render(prompt.system), instance.render(prompt.instance)
 
 
 def parse_test_ids(value: object) -> list[str] | None:

@@ -62,6 +62,8 @@ def names(template: str, kind: Kind) -> list[Placeholder]:
 
 def fill(template: str, values: Mapping[str, Any], kind: Kind) -> str:
     """`template` with its placeholders filled from `values` (see the module's rules)."""
+    if "{" not in template and "}" not in template:  # nothing to fill: most templates
+        return template
 
     def one(match: re.Match[str]) -> str:
         token, name = match.group(0), match.group("field")

@@ -35,7 +35,7 @@ from agentrl.gateway.external import run_harness
 from agentrl.inference.base import Completion, Sampler, SamplingParams
 from agentrl.snapshots import Snapshots
 from agentrl.tasks.env import build_tools
-from agentrl.tasks.graders import DidNotRun, Evidence
+from agentrl.tasks.evidence import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import act, close_all, close_tools
 from agentrl.tools.base import Tool, schema

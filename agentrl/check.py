@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.errors import AgentRLError, GraderError, first_line
 from agentrl.sandbox.base import SandboxProvider
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import PASSING, DidNotRun, Evidence
+from agentrl.tasks.evidence import DidNotRun, Evidence
+from agentrl.tasks.pytest_log import PASSING
 from agentrl.tasks.spec import Instance, Task
 
 FULL_REWARD = 1.0

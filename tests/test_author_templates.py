@@ -16,7 +16,8 @@ import pytest
 from agentrl.errors import GraderError
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import Grade, fill, listed_tests
+from agentrl.tasks.evidence import Grade
+from agentrl.tasks.graders import fill, listed_tests
 from agentrl.tasks.load import check_task, load_task
 from agentrl.tasks.spec import Instance
 

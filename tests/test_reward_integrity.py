@@ -29,7 +29,7 @@ from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import docker_client
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import DidNotRun, Grade
+from agentrl.tasks.evidence import DidNotRun, Grade
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.swe import BASE_TAG

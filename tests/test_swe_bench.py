@@ -26,7 +26,8 @@ from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import ImageInfo
 from agentrl.sandbox.local import LocalProvider
-from agentrl.tasks.graders import Grade, listed_tests
+from agentrl.tasks.evidence import Grade
+from agentrl.tasks.graders import listed_tests
 from agentrl.tasks.spec import Instance, PythonGrader
 from agentrl.tasks.swe import BASE_TAG
 from agentrl.tasks.swe.env import SweBenchEnv

@@ -28,7 +28,7 @@ from agentrl.check import check_task
 from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.tasks.graders import Grade
+from agentrl.tasks.evidence import Grade
 from agentrl.tasks.swe.grade import parse_r2e_log
 from agentrl.tasks.swe.images import image_names
 from agentrl.tasks.swe.rows import load_swe_bench

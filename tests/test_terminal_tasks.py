@@ -28,14 +28,9 @@ from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import (
-    DidNotRun,
-    Grade,
-    fill,
-    grade,
-    parse_pytest_log,
-    parse_reward,
-)
+from agentrl.tasks.evidence import DidNotRun, Grade, parse_reward
+from agentrl.tasks.graders import fill, grade
+from agentrl.tasks.pytest_log import parse_pytest_log
 from agentrl.tasks.spec import Instance, Task, TaskSpec
 from agentrl.tasks.terminal.downloads import PROVIDED_PYTHON, python_archive
 from agentrl.tasks.terminal.env import run_oracle

@@ -404,7 +404,7 @@ def failures(args: argparse.Namespace) -> int:
 
 def _print_evidence(path: Path, lines: int = 8) -> None:
     """What the grader saw, in brief: the command, exit code, failed tests, the output's end."""
-    from agentrl.tasks.graders import Evidence
+    from agentrl.tasks.evidence import Evidence
 
     try:
         evidence = Evidence.model_validate_json(path.read_text(encoding="utf-8"))

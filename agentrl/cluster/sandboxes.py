@@ -36,7 +36,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import build_tools
-from agentrl.tasks.graders import Grade
+from agentrl.tasks.evidence import Grade
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tools.base import Observation, Tool
 

@@ -26,7 +26,8 @@ from agentrl.errors import ConfigError, GraderError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
 from agentrl.sandbox.seal import GradeScope, scope_for, within
-from agentrl.tasks.graders import DidNotRun, Grade, fill, grade
+from agentrl.tasks.evidence import DidNotRun, Grade
+from agentrl.tasks.graders import fill, grade
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance, Task
 from agentrl.tools.base import Tool, tool_class
 
@@ -329,6 +330,7 @@ class TaskEnv:
             f"{where} the tests ran (reward {reference.reward:g}, {_brief(reference)}): "
             "the agent's changes stopped them, so the reward is 0"
         )
+        evidence.notes.append(f"after the agent's changes: {failed}")
         components = {"exit_code": evidence.exit_code, "tests_ran": False}
         return Grade(reward=0.0, components=components, evidence=evidence, seconds=0.0)
 

@@ -318,7 +318,7 @@ class _Loader(YamlFile):
     def _grader(self, spec: TaskSpec, instances: list[Instance]) -> None:
         grader = spec.grader
         if isinstance(grader, PythonGrader):
-            from agentrl.tasks.graders import load_function  # the grader's own resolution
+            from agentrl.tasks.graders import load_function
 
             try:
                 load_function(grader.function, self.base)

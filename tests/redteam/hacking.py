@@ -20,7 +20,7 @@ from agentrl.errors import GraderError
 from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.tasks.graders import Grade
+from agentrl.tasks.evidence import Grade
 from agentrl.tasks.spec import Task
 
 SETTLE_S = 1.5
@@ -58,6 +58,44 @@ def startup_exit(fake: str) -> str:
             _sys.stdout.write({fake!r}); _sys.stdout.flush(); _os._exit(0)
         """
     )
+
+
+def forgeries(fake: str) -> dict[str, str]:
+    """Module code that forges a passing run from inside pytest's process, where the code
+    the tests import runs: by name, what each does with `fake` (a passing `-rA` summary)."""
+    every_fd = (
+        "def _out(text):\n"
+        "    import os\n"
+        "    for fd in range(1, 64):\n"  # past pytest's capture: its saved descriptors too
+        "        try:\n"
+        "            os.write(fd, text.encode())\n"
+        "        except OSError:\n"
+        "            pass\n"
+    )
+    return {
+        "a fake summary and os._exit(0) at exit": (
+            "import atexit, os, sys\n"
+            "def _forge():\n"
+            f"    sys.stdout.write({fake!r}); sys.stdout.flush(); os._exit(0)\n"
+            "atexit.register(_forge)\n"
+        ),
+        "a fake summary, then pytest.exit(returncode=0) in the test": (
+            every_fd + "def _stop():\n"
+            "    import pytest\n"
+            f"    _out({fake!r}); pytest.exit('done', returncode=0)\n"
+        ),
+        "a fake summary, then os._exit(0) in the test": (
+            every_fd + f"def _stop():\n    import os\n    _out({fake!r}); os._exit(0)\n"
+        ),
+        "a thread printing passing lines the whole run": (
+            every_fd + "import threading, time\n"
+            "def _spam():\n"
+            "    while True:\n"
+            f"        _out({fake!r}); time.sleep(0.002)\n"
+            "threading.Thread(target=_spam, daemon=True).start()\n"
+        ),
+        "os._exit(0) as the tests import it": "import os\nos._exit(0)\n",
+    }
 
 
 def write(path: str, text: str, mode: str = "644") -> str:

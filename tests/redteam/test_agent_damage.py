@@ -24,7 +24,7 @@ from agentrl.inference.scripted import ScriptedSampler
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, host
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import Evidence
+from agentrl.tasks.evidence import Evidence
 from agentrl.tasks.load import load_task
 from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory
 

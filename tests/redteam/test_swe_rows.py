@@ -29,7 +29,7 @@ from swe_fixtures import CALC, TESTS, remove_images, write_rows
 
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.tasks.graders import Grade
+from agentrl.tasks.evidence import Grade
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.swe.env import SweBenchEnv
 from agentrl.tasks.swe.grade import grade_patch

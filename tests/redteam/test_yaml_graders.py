@@ -1,7 +1,9 @@
 """Red team, YAML tasks: a pytest grader whose tests are copied into the workdir (where the
 agent's own files are, so its test configuration is there too), a command grader that
-runs a Python checker from /checker, and a python grader (`module:function`) that runs a
-check in the sandbox. Each hack must grade a real 0; controls beside them.
+runs a Python checker from /checker, a python grader (`module:function`) that runs a
+check in the sandbox, and a pytest grader whose tests import the agent's module (so the
+agent's code runs inside pytest's process and forges from there). Each hack must grade a
+real 0; controls beside them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hacking import (
     append,
     attempt,
     fake_executable,
+    forgeries,
     held,
     startup_exit,
     summary,
@@ -81,12 +84,45 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Task]:
     command["files"] = {"/checker": "checker"}
     python = {"type": "python", "function": "grade:grade", "files": {"/checker": "checker"}}
     return {
+        "imports": _import_task(root / "imports"),
         "pytest": _task(root / "pytest", pytest_grader),
         "command": _task(root / "command", command),
         "python": _task(root / "python", python),
     }
 
 
+def _import_task(folder: Path) -> Task:
+    """A pytest grader whose test imports what the agent writes (/work/solution.py)."""
+    (folder / "tests").mkdir(parents=True)
+    (folder / "tests" / "test_solution.py").write_text(
+        "from solution import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+    )
+    spec = {
+        "name": folder.name,
+        "instances": [{"id": "one"}],
+        "prompt": {"system": "s", "instance": "Make solution.answer() return 42."},
+        "sandbox": {"workdir": "/work"},
+        "grader": {
+            "type": "pytest",
+            "fail_to_pass": ["tests/test_solution.py::test_answer"],
+            "pass_to_pass": [],
+            "files": {"tests": "tests"},
+        },
+        "oracle": [SOLVED],
+    }
+    (folder / "task.yaml").write_text(yaml.safe_dump(spec))
+    return load_task(folder / "task.yaml")
+
+
+def _solution(forgery: str) -> str:
+    """/work/solution.py: `forgery`, and an answer() that is wrong (and stops the run from
+    inside the test where the forgery says how)."""
+    stop = "    _stop()\n" if "def _stop" in forgery else ""
+    return write("/work/solution.py", f"{forgery}\ndef answer():\n{stop}    return 0\n")
+
+
+SOLVED = write("/work/solution.py", "def answer():\n    return 42\n")
+FORGERIES = forgeries(summary("tests/test_solution.py::test_answer"))
 FAKE = summary("tests/test_answer.py::test_answer")
 EXIT = startup_exit(FAKE)
 CHECK_EXIT = 'import os as _o, sys as _s\nif any("check.py" in a for a in _s.argv): _o._exit(0)\n'
@@ -191,3 +227,46 @@ def test_a_declared_pth_keeps_its_paths_and_loses_what_it_would_execute(
     assert held(hacked) is None, held(hacked)  # type: ignore[arg-type]
     sealed = hacked.evidence.sealed  # type: ignore[union-attr]
     assert any("executable .pth lines" in d and "os._exit" in d for d in sealed.dropped)
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_a_run_forged_from_inside_pytest_grades_zero(
+    tasks: dict[str, Task], name: str, run_id: str
+) -> None:
+    """The agent's module, imported by the tests, prints a passing summary and ends the
+    process its own way: the witness's record of what pytest concluded decides (0), or the
+    session it cut short is its doing (the reference run finishes): never 1.0, never infra."""
+    result = asyncio.run(attempt(tasks["imports"], run_id, _solution(FORGERIES[name])))
+    assert held(result) is None, held(result)
+    assert "witness" in " ".join(
+        result.evidence.substitutions + result.evidence.notes + [result.evidence.reference or ""]
+    ), result.evidence
+
+
+def test_controls_the_imported_solution_earns_one_and_a_wrong_one_zero(
+    tasks: dict[str, Task], run_id: str
+) -> None:
+    async def both() -> list[object]:
+        task = tasks["imports"]
+        return list(
+            await asyncio.gather(
+                attempt(task, run_id, _solution("")), attempt(task, run_id, SOLVED)
+            )
+        )
+
+    wrong, solved = asyncio.run(both())
+    assert held(wrong) is None, held(wrong)  # type: ignore[arg-type]
+    assert getattr(solved, "reward", None) == 1.0, solved
+
+
+@pytest.mark.parametrize("name", [n for n in FORGERIES if "summary" in n])
+def test_the_forgeries_earn_one_when_the_log_is_believed(
+    tasks: dict[str, Task], name: str, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each forgery that prints a summary is real: with the test command run bare (no
+    witness: its log read as printed, as before), it earns the full reward."""
+    from agentrl.tasks import witness
+
+    monkeypatch.setattr(witness, "_wrapped", lambda command, token: command)
+    result = asyncio.run(attempt(tasks["imports"], run_id, _solution(FORGERIES[name])))
+    assert getattr(result, "reward", None) == 1.0, result

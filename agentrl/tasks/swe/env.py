@@ -11,7 +11,7 @@ from pathlib import Path
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider
 from agentrl.tasks.env import TaskEnv
-from agentrl.tasks.graders import DidNotRun, Grade, tail
+from agentrl.tasks.evidence import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.swe import WORKDIR, Format
 from agentrl.tasks.swe.grade import grade_patch

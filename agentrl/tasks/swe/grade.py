@@ -20,16 +20,9 @@ import time
 import tomllib
 
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.tasks.graders import (
-    DidNotRun,
-    Evidence,
-    Grade,
-    check_collected,
-    listed_tests,
-    ran,
-    tail,
-    truncate,
-)
+from agentrl.tasks.evidence import DidNotRun, Evidence, Grade, ran, tail, truncate
+from agentrl.tasks.graders import listed_tests
+from agentrl.tasks.pytest_log import check_collected
 from agentrl.tasks.spec import Instance
 from agentrl.tasks.swe import R2E_RUNNER, R2E_TESTS, TEST_TIMEOUT_S, WORKDIR, Format
 from agentrl.tasks.swe.harness import CONDA, END, START, _classic, eval_spec
@@ -49,6 +42,7 @@ from agentrl.tasks.swe.rules import (
     how_tests_run_reason,
     runner_files,
 )
+from agentrl.tasks.witness import Witnessed, run_tests
 
 EVAL_SCRIPT = "/eval.sh"
 SWE_SMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
@@ -184,10 +178,12 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
     spec = eval_spec(instance)
     await sandbox.write_file(EVAL_SCRIPT, spec.eval_script.encode())
     command = f"/bin/bash {EVAL_SCRIPT}"
-    result = await sandbox.exec(ExecRequest(command=command, timeout=TEST_TIMEOUT_S))
-    evidence = ran(result, "the eval script", "swe-bench", command)
+    request = ExecRequest(command=command, timeout=TEST_TIMEOUT_S)
+    result, evidence, witnessed = await run_tests(
+        sandbox, request, "the eval script", "swe-bench", command
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as log:
-        log.write(result.output)
+        log.write(_between_markers(result.output, witnessed))
         log.flush()
         status_map, found = get_logs_eval(spec, log.name)
     if not found:
@@ -199,8 +195,21 @@ async def _grade_swebench(sandbox: Sandbox, instance: Instance) -> Grade:
         )
     graded = resolution(spec.FAIL_TO_PASS, spec.PASS_TO_PASS, status_map, evidence, spec.eval_type)
     if "MISSING" in evidence.tests.values():  # tests that never ran: were they uncollectable?
-        check_collected(result.output, evidence)
+        check_collected(witnessed.log(result.output), evidence)
     return graded
+
+
+def _between_markers(output: str, witnessed: Witnessed) -> str:
+    """The eval script's log with its test output (between the harness's start and end
+    markers, which the script prints before and after the test command) replaced by what
+    the witness saw, where it saw a pytest session: the harness reads it as it would."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
+    if not witnessed.seen or START_TEST_OUTPUT not in output or END_TEST_OUTPUT not in output:
+        return witnessed.log(output)
+    before = output.split(START_TEST_OUTPUT, 1)[0]
+    after = output.rsplit(END_TEST_OUTPUT, 1)[1]
+    return f"{before}{START_TEST_OUTPUT}\n{witnessed.render()}{END_TEST_OUTPUT}{after}"
 
 
 def _statuses(
@@ -232,9 +241,11 @@ async def _grade_smith(sandbox: Sandbox, instance: Instance) -> Grade:
     )
     await sandbox.write_file(EVAL_SCRIPT, script.encode())
     run = f"/bin/bash {EVAL_SCRIPT}"
-    result = await sandbox.exec(ExecRequest(command=run, timeout=TEST_TIMEOUT_S))
-    evidence = ran(result, "the tests", "swe-smith", command)
-    between = result.output.split(START, 1)[-1].split(END, 1)[0]
+    request = ExecRequest(command=run, timeout=TEST_TIMEOUT_S)
+    result, evidence, witnessed = await run_tests(
+        sandbox, request, "the tests", "swe-smith", command
+    )
+    between = witnessed.log(result.output.split(START, 1)[-1].split(END, 1)[0])
     status_map = {}
     for line in between.splitlines():
         match = _SMITH_LINE.match(line)
@@ -277,9 +288,11 @@ async def _grade_r2e(sandbox: Sandbox, instance: Instance) -> Grade:
     """R2E-Gym: run_tests.sh; reward 1.0 when the parsed statuses equal the expected ones."""
     command = "cd /testbed && bash /root/run_tests.sh"
     path = "PATH=/root/.venv/bin:/root/.local/bin:/testbed/.venv/bin:$PATH; "
-    result = await sandbox.exec(ExecRequest(command=path + command, timeout=300))
-    evidence = ran(result, "run_tests.sh", "r2e-gym", command)
-    parsed = parse_r2e_log(result.output)
+    request = ExecRequest(command=path + command, timeout=300)
+    result, evidence, witnessed = await run_tests(
+        sandbox, request, "run_tests.sh", "r2e-gym", command
+    )
+    parsed = parse_r2e_log(witnessed.log(result.output))
     expected = {
         k.split(" - ")[0]: v for k, v in json.loads(instance.fields["expected_output_json"]).items()
     }

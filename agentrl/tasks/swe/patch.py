@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from agentrl.errors import SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.tasks.graders import DidNotRun, Evidence, ran, tail
+from agentrl.tasks.evidence import DidNotRun, Evidence, ran, tail
 from agentrl.tasks.spec import Instance
 from agentrl.tasks.swe import BASE_TAG, WORKDIR
 from agentrl.tasks.swe.rules import TEST_FILE, row_test_files

@@ -15,7 +15,7 @@ from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
 from agentrl.sandbox.images import docker_client
 from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import EVAL_NETWORK, TaskEnv, put_path
-from agentrl.tasks.graders import DidNotRun, Grade, tail
+from agentrl.tasks.evidence import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tasks.terminal import offline
 from agentrl.tasks.terminal.load import (

@@ -1,7 +1,9 @@
 """Grading a Terminal-Bench or Harbor task as its harness does. Terminal-Bench: run
 `/tests/run-tests.sh`, parse pytest's `-rA` summary with its PytestParser's rules.
 Harbor: run `/tests/test.sh`, read `/logs/verifier/reward.txt` (or `reward.json`).
-Either way, a run whose tests never ran is a DidNotRun, not a zero.
+Either way, a run whose tests never ran is a DidNotRun, not a zero, and each pytest the
+scripts start is witnessed (`agentrl.tasks.witness`): the tests' outcomes are pytest's, and
+the exit status `test.sh` computes a reward from is pytest's own.
 """
 
 from __future__ import annotations
@@ -11,18 +13,12 @@ import shlex
 
 from agentrl.errors import SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.tasks.graders import (
-    DidNotRun,
-    Grade,
-    check_collected,
-    count_tests,
-    parse_reward,
-    ran,
-    tail,
-)
+from agentrl.tasks.evidence import DidNotRun, Grade, parse_reward, tail
+from agentrl.tasks.pytest_log import check_collected, count_tests
 from agentrl.tasks.spec import Instance
 from agentrl.tasks.terminal import DEFAULT_TEST_TIMEOUT_S, TESTS_DIR
 from agentrl.tasks.terminal.offline import ENV_FILE
+from agentrl.tasks.witness import run_tests
 
 REWARD_DIR = "/logs/verifier"
 TB_PASSING = ("PASSED", "XFAIL", "SKIPPED")
@@ -44,13 +40,15 @@ async def grade_terminal_bench(sandbox: Sandbox, instance: Instance) -> Grade:
     timeout = float(instance.fields.get("test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
     command = f"bash {TESTS_DIR}/run-tests.sh"
     request = ExecRequest(command=RUNTIME + command, timeout=timeout, env={"TEST_DIR": TESTS_DIR})
-    result = await sandbox.exec(request)
-    evidence = ran(result, "run-tests.sh", "terminal-bench", command)
-    tests = parse_tb_pytest(result.output)
+    result, evidence, witnessed = await run_tests(
+        sandbox, request, "run-tests.sh", "terminal-bench", command
+    )
+    log = witnessed.log(result.output)
+    tests = parse_tb_pytest(log)
     evidence.tests = tests
-    check_collected(result.output, evidence)
+    check_collected(log, evidence)
     if not tests:
-        found = "no pytest summary" if not _SUMMARY.search(result.output) else "no test in it"
+        found = "no pytest summary" if not _SUMMARY.search(log) else "no test in it"
         raise DidNotRun(
             f"run-tests.sh (exit {result.exit_code}): {found}: {tail(result.output)}", evidence
         )
@@ -88,13 +86,14 @@ async def grade_harbor(sandbox: Sandbox, instance: Instance) -> Grade:
         f"export {k}={shlex.quote(str(v))}; " for k, v in instance.fields["verifier_env"].items()
     )
     timeout = float(instance.fields.get("test_timeout_sec", DEFAULT_TEST_TIMEOUT_S))
-    result = await sandbox.exec(
-        ExecRequest(command=RUNTIME + exports + HARBOR_VERIFY, timeout=timeout)
+    request = ExecRequest(command=RUNTIME + exports + HARBOR_VERIFY, timeout=timeout)
+    result, evidence, witnessed = await run_tests(
+        sandbox, request, "tests/test.sh", "harbor", f"{TESTS_DIR}/test.sh"
     )
-    evidence = ran(result, "tests/test.sh", "harbor", f"{TESTS_DIR}/test.sh")
-    tests = parse_tb_pytest(result.output)
+    log = witnessed.log(result.output)
+    tests = parse_tb_pytest(log)
     evidence.tests = tests
-    check_collected(result.output, evidence)
+    check_collected(log, evidence)
     try:
         data = await sandbox.read_file(f"{REWARD_DIR}/reward.txt")
     except SandboxFileNotFound:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import GraderError
 from agentrl.sandbox.base import ExecRequest, Sandbox
-from agentrl.tasks.graders import tail
+from agentrl.tasks.evidence import tail
 from agentrl.tasks.terminal.downloads import (
     PROVIDED_PYTHON,
     PYTHON_GLIBC,

@@ -20,6 +20,7 @@ import asyncio
 import re
 import tempfile
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from agentrl.sandbox.base import SandboxProvider
 from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.evidence import DidNotRun, Evidence
 from agentrl.tasks.pytest_log import PASSING
-from agentrl.tasks.spec import Instance, Task
+from agentrl.tasks.spec import CommandGrader, Instance, PytestGrader, PythonGrader, Task
 
 FULL_REWARD = 1.0
 EXPLAIN_LINES = 10
@@ -131,11 +132,13 @@ async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome
         try:
             graded = await env.evaluate(sandbox, instance)
         except GraderError as e:
+            evidence = e.evidence if isinstance(e, DidNotRun) else None
+            broken = grader_broken(e)
             return Outcome(
-                error=f"eval: {first_line(e)}",
-                fix=e.fix or None,
+                error=f"{'grader' if broken else 'eval'}: {first_line(e)}",
+                fix=grader_fix(env.task, e) if broken else e.fix or None,
                 seconds=_since(started),
-                evidence=e.evidence if isinstance(e, DidNotRun) else None,
+                evidence=evidence,
             )
         except AgentRLError as e:
             return Outcome(
@@ -151,6 +154,45 @@ async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome
         seconds=_since(started),
         evidence=graded.evidence,
     )
+
+
+def grader_broken(error: GraderError) -> bool:
+    """Whether the grader itself is at fault, not the tests or the sandbox: it crashed,
+    timed out or returned no reward (any GraderError but DidNotRun), or its test command
+    ran to the end (exit 0) and still left nothing to read (no reward file, none of the
+    listed tests)."""
+    return not isinstance(error, DidNotRun) or error.evidence.exit_code == 0
+
+
+def grader_fix(task: Task, error: GraderError) -> str:
+    """What to fix when the grader is at fault: the line of the grader's code that raised,
+    or the key of its config that names what the command never produced."""
+    grader = task.spec.grader
+    if isinstance(grader, PythonGrader):
+        where = _raised_at(error, Path(task.path).parent)
+        at = f" at {where}" if where else f" ({grader.function})"
+        return f"the python grader itself failed{at}: fix it there, then check again"
+    if isinstance(grader, CommandGrader) and grader.reward_file and isinstance(error, DidNotRun):
+        return (
+            f"the grader command ran (exit 0) but wrote no file at reward_file "
+            f"({grader.reward_file}): make reward_file the path the command writes"
+        )
+    if isinstance(grader, PytestGrader) and isinstance(error, DidNotRun):
+        return "pytest ran but reported none of the listed tests: fix fail_to_pass/pass_to_pass"
+    return error.fix or "the grader itself failed (the error above): fix the grader"
+
+
+def _raised_at(error: BaseException, base: Path) -> str | None:
+    """`file:line` of the deepest frame of the exception behind `error` in a file under
+    `base` (the task's own grader code), else the deepest frame at all; None without one."""
+    cause = error.__cause__
+    frames = traceback.extract_tb(cause.__traceback__) if cause else []
+    if not frames:
+        return None
+    base = base.resolve()
+    own = [f for f in frames if Path(f.filename).resolve().is_relative_to(base)]
+    frame = (own or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
 
 
 NO_TESTS_FIX = (
@@ -172,10 +214,13 @@ def _judge(oracle: Outcome, noop: Outcome) -> tuple[str, str, str]:
     """A failing instance's verdict, its fix, and which episode shows it ("oracle", "noop")."""
     both = (("oracle", "oracle", oracle), ("noop", "no-op", noop))
     for kind, name, o in both:
-        if o.error and not o.error.startswith(("eval: ", "reference solution: ")):
+        if o.error and not o.error.startswith(("eval: ", "grader: ", "reference solution: ")):
             return f"{name}: sandbox error", o.fix or "see what `agentrl doctor` says", kind
     if oracle.error and oracle.error.startswith("reference solution: "):
         return "solution failed", oracle.fix or "make the reference solution run", "oracle"
+    for kind, name, o in both:
+        if o.error and o.error.startswith("grader: "):
+            return f"{name}: grader broken", o.fix or "fix the grader", kind
     for kind, name, o in both:
         if o.error:  # a fix that says to run `agentrl check` again sends you in a circle
             fix = o.fix if o.fix and "agentrl check" not in o.fix else NO_TESTS_FIX

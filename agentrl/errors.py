@@ -79,6 +79,10 @@ class SandboxBroken(SandboxError):
     the engine stayed healthy: the agent's failure, graded and trained on, not infrastructure."""
 
 
+class SnapshotGone(SandboxError):
+    """A snapshot asked to be restored no longer exists (removed, or never made here)."""
+
+
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """A path asked of a sandbox does not exist there."""
 

@@ -159,9 +159,11 @@ class Evaluation:
         if info.is_file():
             before = EvalSpec.model_validate_json(info.read_text(encoding="utf-8"))
             if differs := spec.differences(before):
+                held = "an evaluation" if (out / RESULTS).is_file() else "a run"
                 raise ConfigError(
-                    f"{out} holds an evaluation of something else ({'; '.join(differs)})",
-                    fix="pick another --out, or add --overwrite to start it again",
+                    f"{out} holds {held} of something else ({'; '.join(differs)})",
+                    fix="pick another --out, or add --overwrite to start it again; to "
+                    "continue it, run the same task with the same policy and limits",
                 )
         elif (out / TRAJECTORIES).exists():
             raise ConfigError(

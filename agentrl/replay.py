@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.agent import Episode, build_tools
-from agentrl.errors import AgentRLError, ConfigError, first_line
+from agentrl.errors import AgentRLError, ConfigError, SnapshotGone, first_line
 from agentrl.runner import make_env, read_run_info
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, Task
@@ -95,6 +95,7 @@ class ReplayReport(_Frozen):
     reward_recorded: float | None
     reward_replayed: float | None  # the sandbox graded after the last replayed turn
     grade_error: str | None = None  # why it could not be graded again
+    gone: list[str] = []  # snapshots found removed on the way to `restored_at`
 
     @property
     def matched(self) -> bool:
@@ -148,6 +149,8 @@ class Session:
         self.env: TaskEnv = make_env(self.task, self.provider, f"replay-{uuid.uuid4().hex[:8]}")
         self.tools: dict[str, Tool] = build_tools(self.task)
         self.sandbox: Sandbox | None = None
+        self.gone: list[str] = []
+        """snapshots `restore` found removed and went past, as lines for a person"""
 
     async def restore(self, turn: int) -> tuple[int, str | None]:
         """Start the sandbox as it was before turn J <= `turn` (see `restore_point`)."""
@@ -157,13 +160,22 @@ class Session:
                 f"trajectory {self.traj.trajectory_id} has turns 0..{n - 1}, not {turn}",
                 fix=f"pick --from-turn from 0 to {n - 1}",
             )
-        j, snapshot = restore_point(self.traj, turn)
         name = f"{self.traj.trajectory_id}-replay"
-        if snapshot is None:
-            self.sandbox = await self.env.init(self.instance, name=name)
-        else:
-            self.sandbox = await self.env.restore(self.instance, snapshot, name=name)
-        return j, snapshot
+        while True:
+            j, snapshot = restore_point(self.traj, turn)
+            if snapshot is None:
+                self.sandbox = await self.env.init(self.instance, name=name)
+                return j, snapshot
+            try:
+                self.sandbox = await self.env.restore(self.instance, snapshot, name=name)
+                return j, snapshot
+            except SnapshotGone:  # removed since (gc): the state before it, or INIT again
+                self.gone.append(f"the snapshot before turn {j} ({snapshot[:19]}) is gone")
+                log.warning("%s: restoring an earlier state", self.gone[-1])
+                if j == 0:
+                    self.sandbox = await self.env.init(self.instance, name=name)
+                    return 0, None
+                turn = j - 1
 
     def agentrl_played(self, what: str) -> None:
         """Refuse `what` on an episode an external harness played: its actions were the
@@ -249,6 +261,7 @@ async def replay(
         reward_recorded=traj.reward,
         reward_replayed=reward,
         grade_error=grade_error,
+        gone=session.gone,
     )
 
 

@@ -107,8 +107,9 @@ class YamlFile:
             return node.start_mark.line + 2 + newlines
         return line
 
-    def parse(self) -> dict[str, Any] | None:
-        """The top-level mapping (duplicate keys become problems); None when there is none."""
+    def parse_document(self) -> object:
+        """The document, whatever its top level (duplicate keys become problems); None
+        when it cannot be read or parsed (a problem says why) or is empty."""
         try:
             text = read_text(self.path)
         except UnreadableFile as e:
@@ -120,6 +121,16 @@ class YamlFile:
             line, message = yaml_error(e, text)
             self.problems.append(Problem(self.file, line, "yaml", message))
             return None
+        for loc, line, first in duplicate_keys(self.root, ()):
+            self.add(loc, f"duplicate key (first on line {first}): remove one", line=line)
+        return data
+
+    def parse(self) -> dict[str, Any] | None:
+        """The top-level mapping (duplicate keys become problems); None when there is none."""
+        before = len(self.problems)
+        data = self.parse_document()
+        if data is None and len(self.problems) > before:  # unreadable, or not YAML
+            return None
         if data is None:
             keys = f"with {', '.join(self.keys)}..." if self.keys else "(key: value)"
             self.add((), f"the file is empty: a {self.what} is a mapping {keys}")
@@ -127,8 +138,6 @@ class YamlFile:
             example = f"{self.keys[0]}: ..., ..." if self.keys else "key: value"
             self.add((), f"the top level should be a mapping ({example}), got {show(data)}")
         else:
-            for loc, line, first in duplicate_keys(self.root, ()):
-                self.add(loc, f"duplicate key (first on line {first}): remove one", line=line)
             return data
         return None
 

@@ -86,7 +86,7 @@ def test_a_used_folder_is_refused_resumed_or_replaced(tmp_path: Path) -> None:
 
     other = agentrl("run", TASK, "--policy", f"scripted:{NOOP}", "--out", out, "--resume")
     assert other.returncode == 1 and "Traceback" not in other.stderr
-    assert "holds an evaluation of something else (policy" in other.stderr
+    assert "holds a run of something else (policy" in other.stderr
     assert len(ids(out)) == 4
 
     fresh = agentrl("run", TASK, "--policy", f"scripted:{NOOP}", "--out", out, "--overwrite")

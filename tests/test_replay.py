@@ -254,6 +254,44 @@ def test_gc_reclaims_the_snapshots_of_a_killed_driver(tmp_path: Path) -> None:
     assert report.snapshots >= len(left) and report.snapshot_bytes > 0
 
 
+def test_gc_keeps_a_finished_runs_snapshots_and_replay_goes_past_removed_ones(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's `agentrl gc --snapshots` after a finished run removed every snapshot it
+    had, and replay then failed on the first missing image ("snapshot again")."""
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "agentrl.cli"]
+    done = subprocess.run(
+        [*cli, "run", str(WORDFREQ), "--policy", f"scripted:{DATA / 'breaker.yaml'}",
+         "--snapshots", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode in (0, 2), done.stderr  # 2: the episode failed, as scripted
+    (traj,) = TrajectoryStore(out / "trajectories.jsonl")
+    made = run_snapshots(out)
+    assert len(made) == 7
+    gc(snapshots=True)  # the run's process exited: its snapshots are kept for replay
+    assert sorted(run_snapshots(out)) == sorted(made)
+
+    # Two of them removed by hand: replay from turn 3 goes back to the one before turn 1.
+    asyncio.run(_remove([traj.turns[2].snapshot_id or "", traj.turns[1].snapshot_id or ""]))
+    report = asyncio.run(replay.replay(out, traj.trajectory_id, 3))
+    assert report.restored_at == 1 and report.snapshot == traj.turns[0].snapshot_id
+    assert len(report.gone) == 2 and "before turn 3" in report.gone[0]
+    assert report.matched and report.reward_replayed == report.reward_recorded
+
+    # Named, the run's snapshots go; replay then runs INIT again.
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    gone = subprocess.run(
+        [*cli, "gc", "--run", run_id, "--snapshots"], capture_output=True, text=True, timeout=120
+    )
+    assert gone.returncode == 0, gone.stderr
+    assert run_snapshots(out) == []
+    again = asyncio.run(replay.replay(out, traj.trajectory_id, 2))
+    assert again.restored_at == 0 and again.snapshot is None and len(again.gone) == 3
+    assert again.matched and again.reward_replayed == again.reward_recorded
+
+
 class _SlowCommits:
     """The real Docker provider, but each commit starts 1 s late and is timed: what a big
     sandbox's commit would look like."""

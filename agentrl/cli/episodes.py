@@ -196,7 +196,9 @@ def check(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
         )
     # Short cells only: a failure's explanation goes below the table, so it reads at 80 columns.
-    table = Table(title="agentrl check: the oracle must earn 1.0, doing nothing less")
+    # The title above the table, not in it: a table narrower than the title wraps it.
+    console.print("agentrl check: the oracle must earn 1.0, doing nothing less", soft_wrap=False)
+    table = Table()
     table.add_column("task")
     table.add_column("instance")
     for col in ("oracle", "no-op", "result"):
@@ -227,6 +229,10 @@ def check(args: argparse.Namespace) -> int:
     return 1 if bad or not rows else 0
 
 
+ERROR_LINES = 3
+"""Lines a failing episode's error takes below the check table (its whole log is a file)."""
+
+
 def _reward(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -236,11 +242,20 @@ def _one_line(text: str) -> None:
     console.print(text, no_wrap=True, overflow="ellipsis", soft_wrap=False)
 
 
-def _indented(label: str, text: str) -> None:
-    """`    label text`, wrapped to the terminal's width under its own indent."""
+def _indented(label: str, text: str, most: int | None = None) -> None:
+    """`    label text`, wrapped to the terminal's width under its own indent (in `most`
+    lines at most, the rest elided)."""
     width = max(console.width, 40)
     pad = " " * (4 + len(label) + 1)
-    console.print(textwrap.fill(text, width, initial_indent=f"    {label} ", subsequent_indent=pad))
+    wrapped = textwrap.fill(
+        text,
+        width,
+        initial_indent=f"    {label} ",
+        subsequent_indent=pad,
+        max_lines=most,
+        placeholder=" …",
+    )
+    console.print(wrapped, soft_wrap=True)
 
 
 def _without_output(error: str) -> str:
@@ -257,12 +272,13 @@ def _print_check_failure(row: CheckRow, fixed: dict[str, str]) -> None:
     console.print(tag(f"FAIL {name}:", "red", row.verdict))
     shown: list[str] = []
     for what, o in (("oracle", row.oracle), ("no-op", row.noop)):
-        text = _without_output(o.error) if o.error else f"reward {_reward(o.reward)}, {o.tests}"
+        brief = ", ".join(x for x in (f"reward {_reward(o.reward)}", o.tests) if x)
+        text = _without_output(o.error) if o.error else brief
         if shown and text == shown[0] and o.error:
             text = "the same"
         shown.append(text)
-        if o.excerpt and not o.log:  # an error that nothing else explains: all of it
-            _indented(f"{what}:", text)
+        if o.error:  # wrapped, not cut at the edge: its detail (a path, a key) is the point
+            _indented(f"{what}:", text, most=None if o.excerpt and not o.log else ERROR_LINES)
         else:
             _one_line(f"    {what}: {text}")
     for o in (row.oracle, row.noop):
@@ -412,7 +428,9 @@ def _print_evidence(path: Path, lines: int = 8) -> None:
         console.print(f"    grade {path}: unreadable ({type(e).__name__})")
         return
     say = lambda text: console.print(f"    {text}")  # noqa: E731
-    say(f"grader {evidence.grader}: {evidence.command[:160]} -> exit {evidence.exit_code}")
+    code = evidence.exit_code  # None: a function graded, no command exited
+    ended = f"-> exit {code}" if code is not None else "(a function: it has no exit code)"
+    say(f"grader {evidence.grader}: {evidence.command[:160]} {ended}")
     failed = [t for t, s in evidence.tests.items() if s not in ("PASSED", "XFAIL", "SKIPPED")]
     if evidence.tests:
         say(f"tests: {len(evidence.tests) - len(failed)} passed, {len(failed)} not: {failed[:5]}")

@@ -137,13 +137,21 @@ def _load(args: argparse.Namespace) -> list[Task]:
 
 
 def _policy_name(policy: str) -> str:
-    """What the evaluation records as its policy: a train run as the checkpoint it means
-    now (a resume after training went on must not mix two), a folder by its absolute path."""
-    from agentrl.inference.config import CheckpointSamplerConfig, parse_policy
+    """What the evaluation records as its policy: what it is, not how it was spelled. A
+    train run as the checkpoint it means now (a resume after training went on must not mix
+    two), a folder or a script by its absolute path (`scripted:solve.yaml` run from the
+    task's folder and `scripted:task/solve.yaml` from above it are one policy)."""
+    from agentrl.inference.config import (
+        CheckpointSamplerConfig,
+        ScriptedSamplerConfig,
+        parse_policy,
+    )
 
     config = parse_policy(policy)
     if isinstance(config, CheckpointSamplerConfig):
         return config.path
+    if isinstance(config, ScriptedSamplerConfig):
+        return f"scripted:{Path(config.script).resolve()}"
     return str(Path(policy).resolve()) if Path(policy).is_dir() else policy
 
 

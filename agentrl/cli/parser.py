@@ -230,7 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=configs.train)
 
     g = sub.add_parser("gc", help="remove sandboxes (and snapshots) that dead runs left behind")
-    g.add_argument("--snapshots", action="store_true", help="also remove dead runs' snapshots")
+    g.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="also remove the snapshots of runs killed before they exited (with --run: that "
+        "run's, even if it finished)",
+    )
     g.add_argument("--run", help="only this run id")
     g.set_defaults(func=machine.gc)
 

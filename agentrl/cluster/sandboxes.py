@@ -223,6 +223,9 @@ class RaySandbox:
         self.fleet.snapshots[snapshot_id] = self.worker  # restore and removal go there
         return snapshot_id
 
+    async def keep_init(self, scope: GradeScope) -> None:
+        await self.worker.call("keep_init", self.id, scope)
+
     async def seal(self, scope: GradeScope) -> Sealed:
         sealed: Sealed = await self.worker.call("seal", self.id, scope)
         return sealed

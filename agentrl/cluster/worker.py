@@ -139,6 +139,9 @@ class SandboxWorker:
     async def snapshot(self, sandbox_id: str, label: str) -> str:
         return await self._take(sandbox_id).sandbox.snapshot(label)
 
+    async def keep_init(self, sandbox_id: str, scope: GradeScope) -> None:
+        await self._take(sandbox_id).sandbox.keep_init(scope)
+
     async def seal(self, sandbox_id: str, scope: GradeScope) -> Sealed:
         held = self._take(sandbox_id)
         await self._stop_tools(held)

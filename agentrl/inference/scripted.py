@@ -13,29 +13,58 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
+from pydantic import RootModel, ValidationError
 
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Completion, FinishReason, SamplingParams
+from agentrl.textfile import read_text
+from agentrl.yamlfile import ConfigFileError, YamlFile, show
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+SCRIPT_FIX = (
+    "write the script as a list of replies, one string each (quote a reply that holds "
+    "`: ` or starts with a brace), or as text with replies between `---` lines"
+)
+
+
+class Script(RootModel[list[str]]):
+    """A YAML or JSON script: the replies, in order."""
+
+
 def load_script(path: str | Path) -> list[str]:
-    """Replies from a .yaml/.yml/.json list, or a text file split on `---` lines."""
+    """Replies from a .yaml/.yml/.json list, or a text file split on `---` lines. A YAML
+    or JSON script is read as a task file is (`agentrl.yamlfile`): each problem is one
+    `file:line: script: message`, with the fix."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such script file", fix="check the path after scripted:")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml", ".json"):
+    if path.suffix == ".json":
         try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {e}") from e
-        if not isinstance(data, list) or not all(isinstance(r, str) for r in data):
-            raise ConfigError(f"{path}: a script must be a list of strings (one per reply)")
-        return data
+            data = json.loads(read_text(path))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{e.lineno}: json: {e.msg}", fix=SCRIPT_FIX) from None
+        try:
+            return Script.model_validate(data).root
+        except ValidationError:
+            got = show(data)
+            raise ConfigError(
+                f"{path}: script: should be a list of strings, got {got}", fix=SCRIPT_FIX
+            ) from None
+    if path.suffix in (".yaml", ".yml"):
+        file = YamlFile(path, what="script")
+        data = file.parse_document()
+        script = file.validate(Script, data) if not file.problems else None
+        if script is None or file.problems:
+            if not file.problems:  # an empty file
+                file.add((), "the file is empty: a script is a list of replies")
+            error = ConfigFileError(file.sorted_problems())
+            error.fix = SCRIPT_FIX
+            raise error
+        return script.root
+    text = read_text(path)
     replies: list[str] = []
     current: list[str] = []
     for line in text.splitlines(keepends=True):
@@ -53,7 +82,7 @@ class ScriptedSampler:
 
     def __init__(self, replies: list[str], tokenizer: PreTrainedTokenizerBase) -> None:
         if not replies:
-            raise ConfigError("a scripted policy needs at least one reply")
+            raise ConfigError("a scripted policy needs at least one reply", fix=SCRIPT_FIX)
         self.replies = list(replies)
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id

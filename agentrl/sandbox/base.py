@@ -8,11 +8,21 @@ inside the implementation. Two implementations: `docker` and `local`.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox.seal import GradeScope
+
+
+def snapshots_root() -> Path:
+    """Where snapshots' files and records live: `$AGENTRL_CACHE/snapshots` (the cache
+    root of agentrl.inference.embedded.cache_root; read here, as sandbox sits below it)."""
+    root = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
+    return root / "snapshots"
+
 
 OUTPUT_KEEP_BYTES = 1 << 20
 """`exec` keeps this many bytes of output from the start and as many from the end."""
@@ -183,6 +193,12 @@ class Sandbox(Protocol):
 
     async def snapshot(self, label: str) -> str:
         """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes."""
+        ...
+
+    async def keep_init(self, scope: GradeScope) -> None:
+        """At the end of INIT: what the sandbox holds now outside `scope`'s outputs (the
+        task's files, its setup's work) is what the grading copy holds there, whatever the
+        agent does to it."""
         ...
 
     async def seal(self, scope: GradeScope) -> Sealed:

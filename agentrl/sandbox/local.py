@@ -25,7 +25,7 @@ from typing import Literal
 
 import pexpect
 
-from agentrl.errors import SandboxError, SandboxFileNotFound
+from agentrl.errors import SandboxError, SandboxFileNotFound, SnapshotGone
 from agentrl.sandbox.base import (
     FORCED_ENV,
     ExecRequest,
@@ -34,6 +34,7 @@ from agentrl.sandbox.base import (
     SandboxSpec,
     Sealed,
     Usage,
+    snapshots_root,
 )
 from agentrl.sandbox.procs import ExitBackstop, count_marked, kill_marked, kill_session, tree_bytes
 from agentrl.sandbox.seal import GradeScope
@@ -58,10 +59,8 @@ _backstop = ExitBackstop()
 
 
 def snapshots_dir() -> Path:
-    """Where local snapshots live (same root as agentrl.inference.embedded.cache_root)."""
-    # Read here rather than imported: sandbox sits below inference and must not import it.
-    root = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
-    return root / "snapshots" / "local"
+    """Where local snapshots live."""
+    return snapshots_root() / "local"
 
 
 def _is_snapshot(snapshot_id: str) -> bool:
@@ -110,7 +109,7 @@ class LocalProvider:
     async def restore(self, snapshot_id: str, spec: SandboxSpec) -> LocalSandbox:
         source = snapshots_dir() / snapshot_id
         if not _is_snapshot(snapshot_id):
-            raise SandboxError(
+            raise SnapshotGone(
                 f"no local snapshot {snapshot_id!r} in {snapshots_dir()}",
                 fix="pass an id that LocalSandbox.snapshot returned (with the same AGENTRL_CACHE)",
             )
@@ -253,6 +252,11 @@ class LocalSandbox:
             shutil.rmtree(dest, ignore_errors=True)
             raise
         return snapshot_id
+
+    async def keep_init(self, scope: GradeScope) -> None:
+        """Nothing: the local provider grades the directory itself, as INIT and the agent
+        left it (no isolation)."""
+        self._check_open()
 
     async def seal(self, scope: GradeScope) -> Sealed:
         """Stop every process that carries this sandbox's marker in its environment (setsid,

@@ -162,6 +162,7 @@ class TaskEnv:
                         f"{_one_line(done.output, 300, tail=True)}",
                         fix=f"fix the setup commands of {self.task.path}",
                     )
+            await sandbox.keep_init(self.scope(sandbox))  # the grader sees INIT's work
         except BaseException:
             await sandbox.close()
             raise

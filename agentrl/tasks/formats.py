@@ -1,9 +1,14 @@
 """One door for every task format: `load_any(path)` decides what `path` holds, once, and
 hands it to its reader.
 
-- a folder with `task.yaml` (Terminal-Bench) or `task.toml` (Harbor): `tasks.terminal`;
+- a folder with `task.toml` (Harbor), or a `task.yaml` that is a Terminal-Bench task (an
+  `instruction:`): `tasks.terminal`;
 - `.json` / `.jsonl` rows (SWE-bench, SWE-Gym, SWE-smith, R2E-Gym): `tasks.swe`;
-- a `.yaml` / `.yml` task file: `tasks.load`.
+- a `.yaml` / `.yml` task file, or a folder whose `task.yaml` is one: `tasks.load`.
+
+`task_yaml_kind(folder)` is the one place a folder's `task.yaml` is told apart: by its
+top-level keys, read from its lines (no YAML parse: the reader that follows reports
+what is wrong inside it).
 
 `kind_of(path)` says which, and also names the two other files a person passes to the
 CLI: a train config (a `.yaml` with a top-level `schedule:`) and trajectories (a
@@ -14,11 +19,12 @@ train config never loads torch.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from agentrl.errors import ConfigError
-from agentrl.tasks.spec import Task
+from agentrl.tasks.spec import Task, TaskSpec
 from agentrl.textfile import MAX_BYTES, regular_file
 
 Kind = Literal["task", "task-folder", "rows", "train-config", "trajectories"]
@@ -39,12 +45,7 @@ def kind_of(path: str | Path) -> Kind:
     """
     p = Path(path)
     if p.is_dir():
-        if (p / "task.yaml").is_file() or (p / "task.toml").is_file():
-            return "task-folder"
-        raise ConfigError(
-            f"{p}: no task.yaml or task.toml in this folder",
-            fix="name a task folder (Terminal-Bench: task.yaml, Harbor: task.toml) or a task file",
-        )
+        return "task-folder" if (p / "task.toml").is_file() else task_yaml_kind(p)
     if p.exists():
         regular_file(p)  # a FIFO or a device is refused before its head is read
     if p.suffix in TASK_SUFFIXES:
@@ -61,6 +62,42 @@ def kind_of(path: str | Path) -> Kind:
     )
 
 
+TERMINAL_BENCH_KEYS = frozenset({"instruction", "descriptions", "author_email", "parser_name"})
+"""Top-level keys only a Terminal-Bench task.yaml has (`instruction`, or the older
+`descriptions`, is required there)."""
+FOLDER_FIX = (
+    "name a folder holding an agentrl task.yaml (name:, prompt:, grader:), a Terminal-Bench "
+    "task (task.yaml with instruction:) or a Harbor task (task.toml), or a task file"
+)
+
+
+def task_yaml_kind(folder: Path) -> Literal["task", "task-folder"]:
+    """Whether `folder`'s task.yaml is an agentrl task ("task": `TaskSpec`'s keys) or a
+    Terminal-Bench one ("task-folder": its `instruction:`); a ConfigError that says what
+    was expected when it has none, or is neither."""
+    path = folder / "task.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{folder}: no task.yaml or task.toml in this folder", fix=FOLDER_FIX)
+    regular_file(path)
+    keys = set(_top_level_keys(path))
+    if keys & TERMINAL_BENCH_KEYS:
+        return "task-folder"
+    if keys & set(TaskSpec.model_fields):
+        return "task"
+    shown = ", ".join(sorted(keys)[:6]) or "none"
+    raise ConfigError(
+        f"{path}: neither an agentrl task (name:, prompt:, grader:) nor a Terminal-Bench "
+        f"task (instruction:); its top-level keys: {shown}",
+        fix=FOLDER_FIX,
+    )
+
+
+def task_file(path: str | Path) -> Path:
+    """The YAML task file `path` names: itself, or a folder's task.yaml."""
+    p = Path(path)
+    return p / "task.yaml" if p.is_dir() else p
+
+
 def load_any(path: str | Path) -> Task:
     """The task at `path`, in whichever format it is (see `kind_of`)."""
     kind = kind_of(path)
@@ -75,7 +112,7 @@ def load_any(path: str | Path) -> Task:
     if kind == "task":
         from agentrl.tasks.load import load_task
 
-        return load_task(path)
+        return load_task(task_file(path))
     if kind == "train-config":
         raise ConfigError(f"{path} is a train config, not a task", fix=f"agentrl train {path}")
     raise ConfigError(
@@ -89,6 +126,17 @@ def _is_train_config(path: Path) -> bool:
     if not path.is_file() or path.stat().st_size > MAX_BYTES:
         return False  # the task loader says what is wrong with it
     return any(line.startswith(b"schedule:") for line in path.read_bytes().splitlines())
+
+
+def _top_level_keys(path: Path) -> list[str]:
+    """The keys written at the start of a line of `path` (a block mapping's top level)."""
+    if path.stat().st_size > MAX_BYTES:
+        return []
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    return [m.group(1) for line in lines if (m := _TOP_KEY.match(line))]
+
+
+_TOP_KEY = re.compile(r"""^["']?([A-Za-z_][\w-]*)["']?\s*:(?:\s|$)""")
 
 
 def _holds_trajectories(path: Path) -> bool:

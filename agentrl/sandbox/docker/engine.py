@@ -19,6 +19,8 @@ from agentrl.errors import SandboxError
 RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
 SNAPSHOT_OF = "agentrl.snapshot"
 ORIGIN = "agentrl.origin"  # on a snapshot: the image its chain of snapshots started from
+INIT_STATE = "agentrl.init-state"  # on a snapshot: the image of its sandbox as INIT left it
+INIT_ADDED = "agentrl.init-added"  # on that image: the output paths INIT added (JSON list)
 NODE = "agentrl.node"  # the Ray node whose sandbox worker started it
 SNAPSHOT_REPO = "agentrl-snapshot"
 DIR_MODE, SYMLINK_MODE = 1 << 31, 1 << 27  # Go's os.ModeDir and os.ModeSymlink (get_archive)

@@ -20,7 +20,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
-from agentrl.errors import ConfigError, SandboxError
+from agentrl.errors import ConfigError, SandboxError, SnapshotGone
 from agentrl.sandbox.base import FORCED_ENV, SandboxSpec
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
@@ -36,7 +36,7 @@ from agentrl.sandbox.docker.engine import (
     top,
 )
 from agentrl.sandbox.docker.reap import reap, remove_snapshot, snapshot_bytes
-from agentrl.sandbox.docker.sandbox import DockerSandbox
+from agentrl.sandbox.docker.sandbox import DockerSandbox, InitState
 from agentrl.sandbox.images import docker_client, missing_image_fix
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,17 @@ class DockerProvider:
         return await self._launch(spec, spec.image)
 
     async def restore(self, snapshot_id: str, spec: SandboxSpec) -> DockerSandbox:
-        """A new sandbox from a `snapshot()` image, with `spec`'s limits and labels."""
-        return await self._launch(spec, snapshot_id)
+        """A new sandbox from a `snapshot()` image, with `spec`'s limits and labels, graded
+        against the state INIT left its sandbox in where that was kept (`keep_init`)."""
+        sandbox = await self._launch(spec, snapshot_id)
+        try:
+            sandbox.init_state = await asyncio.to_thread(
+                InitState.of_snapshot, self.client.api, snapshot_id
+            )
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
 
     async def snapshot_bytes(self, snapshot_id: str) -> int:
         """The snapshot layer's size (0 if the image is gone)."""
@@ -226,13 +235,13 @@ def create_container(
             container_id = create(quota)
         _quota_support[api] = quota
     except ImageNotFound as exc:
-        snapshot = image.startswith("sha256:") or image.startswith(f"{SNAPSHOT_REPO}/")
-        fix = (
-            "the snapshot was removed (agentrl gc --snapshots); snapshot again"
-            if snapshot
-            else missing_image_fix(image)
-        )
-        raise SandboxError(f"image {image} not found", fix=fix) from exc
+        if image.startswith("sha256:") or image.startswith(f"{SNAPSHOT_REPO}/"):
+            raise SnapshotGone(
+                f"snapshot {image[:19]} not found: it was removed (agentrl gc --snapshots)",
+                fix="replay from an earlier snapshot or from INIT (agentrl replay does so "
+                "itself), or run the episode again with snapshots on",
+            ) from exc
+        raise SandboxError(f"image {image} not found", fix=missing_image_fix(image)) from exc
     except (DockerException, requests.RequestException) as exc:
         raise SandboxError(f"cannot create a sandbox from {image}: {first_line(exc)}") from exc
     sandbox = DockerSandbox(client, container_id, spec)

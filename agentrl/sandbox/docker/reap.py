@@ -1,15 +1,20 @@
 """Removing what sandboxes leave: containers (one at a time, or every one a dead run
 left), snapshot images, and the atexit backstop for sandboxes never closed.
 
-`reap()` runs in every new `DockerProvider`; `gc()` is `agentrl gc`.
+`reap()` runs in every new `DockerProvider`; `gc()` is `agentrl gc`. A run whose process
+exits (normally, or on an exception) records that its snapshots are kept for replay
+(`keep_at_exit`); `gc --snapshots` removes only those of runs killed before they could,
+or of the run it is named.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -18,6 +23,7 @@ from docker.errors import APIError, DockerException, NotFound
 from pydantic import BaseModel, ConfigDict
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from agentrl.sandbox.base import snapshots_root
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
     OWNER,
@@ -25,6 +31,7 @@ from agentrl.sandbox.docker.engine import (
     SNAPSHOT_OF,
     first_line,
     retry_transient,
+    slug,
     transient,
 )
 from agentrl.sandbox.images import docker_client
@@ -36,6 +43,47 @@ backstop = ExitBackstop()
 """Closes, at interpreter exit, every sandbox of this process not closed by then."""
 unremoved: set[str] = set()
 """Containers whose close() gave up in this process; the next `reap()` here removes them."""
+_keep: set[str] = set()
+"""Runs that made snapshots in this process: recorded as kept when it exits."""
+
+
+def kept_runs() -> Path:
+    """Where a run whose process exited records that its snapshots are kept."""
+    return snapshots_root() / "kept-runs"
+
+
+def keep_at_exit(run_id: str) -> None:
+    """Record, when this process exits (not when it is killed), that `run_id`'s snapshots
+    are kept for replay: `gc --snapshots` then leaves them."""
+    if not _keep:
+        atexit.register(_record_kept)
+    _keep.add(run_id)
+
+
+def _record_kept() -> None:
+    folder = kept_runs()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for run_id in _keep:
+            (folder / slug(run_id)).write_text(run_id + "\n")
+    except OSError as exc:
+        log.warning("could not record kept snapshots in %s: %s", folder, exc)
+
+
+def _forget_kept(client: docker.DockerClient) -> None:
+    """Drop the records of kept runs that have no snapshot left on this engine."""
+    folder = kept_runs()
+    if not folder.is_dir():
+        return
+    images = client.api.images(all=True, filters={"label": SNAPSHOT_OF})
+    left = {slug((i.get("Labels") or {}).get(RUN, "")) for i in images}
+    for record in folder.iterdir():
+        if record.name not in left:
+            record.unlink(missing_ok=True)
+
+
+def _kept(run_id: str | None) -> bool:
+    return bool(run_id) and (kept_runs() / slug(run_id or "")).is_file()
 
 
 class GcReport(BaseModel):
@@ -113,7 +161,9 @@ def gc(
     """What `agentrl gc` does: reap dead runs' containers and, if asked, their snapshots.
 
     A snapshot's run is dead when its owner process on this host is gone and no
-    container of the run is left; snapshots made on other hosts are kept.
+    container of the run is left; of those, a run whose process exited kept its snapshots
+    for replay (`keep_at_exit`) unless `run_id` names it. Snapshots made on other hosts
+    are kept.
     """
     own = client is None
     client = client or docker_client()
@@ -127,10 +177,12 @@ def gc(
             }
 
             def dead(labels: dict[str, str]) -> bool:
-                wanted = run_id is None or labels.get(RUN) == run_id
-                return wanted and _owner_dead(labels) and labels.get(RUN) not in live_runs
+                run = labels.get(RUN)
+                wanted = run == run_id if run_id is not None else not _kept(run)
+                return wanted and _owner_dead(labels) and run not in live_runs
 
             images, freed = _remove_snapshots(client, dead)
+            _forget_kept(client)
         return GcReport(containers=containers, snapshots=images, snapshot_bytes=freed)
     finally:
         if own:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import logging
 import posixpath
 import re
@@ -19,6 +20,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import docker
@@ -27,9 +29,11 @@ from docker.errors import DockerException, NotFound
 
 from agentrl.errors import SandboxBroken, SandboxError, SandboxFileNotFound
 from agentrl.sandbox.base import ExecRequest, ExecResult, HeadTail, SandboxSpec, Sealed, Usage
-from agentrl.sandbox.docker import host
+from agentrl.sandbox.docker import grading, host
 from agentrl.sandbox.docker.engine import (
     DIR_MODE,
+    INIT_ADDED,
+    INIT_STATE,
     NAME,
     ORIGIN,
     OWNER,
@@ -45,7 +49,7 @@ from agentrl.sandbox.docker.engine import (
     raw_socket,
     slug,
 )
-from agentrl.sandbox.docker.reap import backstop, remove_within, unremoved
+from agentrl.sandbox.docker.reap import backstop, keep_at_exit, remove_within, unremoved
 from agentrl.sandbox.docker.shell import COLUMNS, PIDFILES, ROWS, DockerShell, with_pidfile
 from agentrl.sandbox.seal import GradeScope
 from agentrl.sandbox.shell import PtyShell
@@ -76,6 +80,8 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self.keepalive: int | None = None  # host pid of `sleep <ttl>`, which seal() spares
         self._host: host.HostView | None = None  # its cgroup and writable layer, found once
+        self.init_state: InitState | None = None  # what keep_init() kept, if it kept anything
+        self._snapshots = 0
         backstop.add(self._id, self.close_now)
 
     @property
@@ -191,6 +197,33 @@ class DockerSandbox:
     async def snapshot(self, label: str) -> str:
         """Commit to `agentrl-snapshot/<run>:<name>-<label>`; returns the image id."""
         self._check_open()
+        state = {INIT_STATE: self.init_state.image} if self.init_state else {}
+        image = await self._commit(label, state)
+        self._snapshots += 1
+        return image
+
+    async def keep_init(self, scope: GradeScope) -> None:
+        """INIT is over. What it made outside `scope`'s outputs (the task's files and its
+        setup's, an install) is the task's, not the agent's: when it made any, the sandbox
+        is committed as it is now, and the grading copy starts from that image rather than
+        the task's, so the grader sees them as INIT left them. The output paths INIT added
+        are remembered: one the agent deletes is deleted in the copy too."""
+        self._check_open()
+        _, changes, _ = await self._call(grading.origin_and_changes, self._api, self._id)
+        # (a folder marked changed only holds changes: the engine's own mount points do)
+        outside = {
+            c.path
+            for c in changes
+            if not scope.covers(c.path) and not (c.is_dir and c.kind == "changed")
+        }
+        if not outside:
+            return
+        added = [c.path for c in changes if scope.covers(c.path) and c.kind == "added"]
+        image = await self._commit("init-state", {INIT_ADDED: json.dumps(added)})
+        self.init_state = InitState(image=image, added=added, outside=outside, owned=True)
+
+    async def _commit(self, label: str, extra: dict[str, str]) -> str:
+        """Commit the container as a snapshot of its run (gc and reaping treat it as one)."""
         spec = self._spec
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
         origin = await self._call(host.origin, self._api, self._id)
@@ -200,7 +233,9 @@ class DockerSandbox:
             OWNER: owner(),
             NAME: spec.name or "",
             ORIGIN: origin,
+            **extra,
         }
+        keep_at_exit(spec.run_id)
         image = await self._call(
             self._api.commit,
             self._id,
@@ -219,11 +254,12 @@ class DockerSandbox:
         self._check_open()
         if self._agent is not None:
             raise SandboxError(f"sandbox {self._id[:12]} is already sealed")
-        from agentrl.sandbox.docker import grading
         from agentrl.sandbox.docker.provider import create_container
 
         origin, changes, note = await self._call(grading.origin_and_changes, self._api, self._id)
         notes = [note] if note else []
+        if self.init_state is not None:  # the copy starts as INIT left the sandbox
+            origin, changes = self.init_state.image, self.init_state.since(changes)
         running = await self._running()
         if running:
             spare = set(await self._spared())
@@ -319,6 +355,11 @@ class DockerSandbox:
             try:
                 for container_id in filter(None, (self._id, self._agent)):
                     remove_within(self._api, container_id, wait_s)
+                state = self.init_state
+                if state is not None and state.owned and not self._snapshots:
+                    # snapshots taken name it: it goes with them (gc, or their removal)
+                    with contextlib.suppress(NotFound):
+                        self._api.remove_image(state.image)
             except (DockerException, requests.RequestException) as exc:
                 unremoved.update(filter(None, (self._id, self._agent)))
                 log.warning(
@@ -369,6 +410,40 @@ class DockerSandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self._id[:12]} is closed", fix="start a new sandbox")
+
+
+@dataclass
+class InitState:
+    """The sandbox as INIT left it, where INIT made something outside the outputs."""
+
+    image: str
+    """its commit: the grading copy's image"""
+    added: list[str]
+    """the output paths INIT added"""
+    outside: set[str] = field(default_factory=set)
+    """the paths INIT changed outside the outputs (known where INIT ran in this process)"""
+    owned: bool = False
+    """made by this sandbox (a restored one shares its snapshot's)"""
+
+    def since(self, changes: list[grading.Change]) -> list[grading.Change]:
+        """`changes` (over the task's image) as changes over this state: an output path INIT
+        added that is gone now was deleted; what INIT changed outside is not the agent's."""
+        present = {c.path for c in changes}
+        deleted = [grading.Change(p, "deleted", False) for p in self.added if p not in present]
+        return [c for c in changes if c.path not in self.outside] + deleted
+
+    @classmethod
+    def of_snapshot(cls, api: Any, snapshot_id: str) -> InitState | None:
+        """The state a snapshot's sandbox was sealed against, if it had one and it is kept."""
+        labels = api.inspect_image(snapshot_id).get("Config", {}).get("Labels") or {}
+        image = labels.get(INIT_STATE)
+        if not image:
+            return None
+        try:
+            state = api.inspect_image(image).get("Config", {}).get("Labels") or {}
+        except NotFound:
+            return None
+        return cls(image=image, added=json.loads(state.get(INIT_ADDED) or "[]"))
 
 
 async def _read_frames(raw: socket.socket, output: HeadTail) -> None:

@@ -42,6 +42,13 @@ def detect_format(folder: Path) -> Format:
     if (folder / "task.toml").is_file():
         return "harbor"
     if (folder / "task.yaml").is_file():
+        from agentrl.tasks.formats import task_yaml_kind
+
+        if task_yaml_kind(folder) == "task":  # the one place a task.yaml is told apart
+            raise ConfigError(
+                f"{folder / 'task.yaml'} is an agentrl task, not a Terminal-Bench one",
+                fix="load it with agentrl.tasks.formats.load_any",
+            )
         return "terminal-bench"
     raise ConfigError(
         f"{folder} is neither a Terminal-Bench task (task.yaml) nor a Harbor task (task.toml)",

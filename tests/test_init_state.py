@@ -1,0 +1,151 @@
+"""What INIT makes outside the task's outputs (`sandbox.files`, setup commands) is the
+task's: the grader sees it as INIT left it, whatever the agent does to it, and an output
+file INIT made that the agent deletes is deleted for the grader too (`keep_init`).
+
+A newcomer's task put its expected answer at /opt/app/answer.txt with `sandbox.files` and
+its grader compared against it: before, the grading copy started from the bare image, so
+even the reference solution earned 0 ("No such file or directory").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.runner import make_env
+from agentrl.sandbox.base import ExecRequest
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.sandbox.docker.engine import RUN
+from agentrl.sandbox.images import docker_client
+from agentrl.tasks.evidence import Grade
+from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import Task
+
+pytestmark = pytest.mark.docker
+
+SOLVE = "cp /opt/app/answer.txt /workspace/out.txt && rm /workspace/init.txt"
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
+    folder = tmp_path_factory.mktemp("init-state")
+    (folder / "answer.txt").write_text("42\n")
+    spec = {
+        "name": "init-state",
+        "instances": [{"id": "one"}],
+        "prompt": {"system": "s", "instance": "Copy the answer; remove init.txt."},
+        "sandbox": {
+            "workdir": "/workspace",
+            "files": {"/opt/app/answer.txt": "answer.txt"},
+            "setup": ["echo seven > /srv/word.txt", "echo x > /workspace/init.txt"],
+        },
+        "grader": {
+            "type": "command",
+            "command": "cmp /opt/app/answer.txt /workspace/out.txt && "
+            "test ! -e /workspace/init.txt && grep -qx seven /srv/word.txt",
+        },
+        "oracle": [SOLVE],
+    }
+    (folder / "task.yaml").write_text(yaml.safe_dump(spec))
+    return load_task(folder / "task.yaml")
+
+
+def _images(run_id: str) -> list[str]:
+    client = docker_client()
+    try:
+        return [i["Id"] for i in client.api.images(filters={"label": f"{RUN}={run_id}"})]
+    finally:
+        client.close()
+
+
+async def _play(task: Task, run_id: str, script: str, *, restore: bool = False) -> Grade:
+    """INIT, `script` as the agent, EVAL (from a snapshot of the agent's sandbox with
+    `restore`); the grade."""
+    env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+    instance = task.instances[0]
+    sandbox = await env.init(instance, "play")
+    try:
+        if script:
+            done = await sandbox.exec(ExecRequest(command=script, timeout=60))
+            assert done.exit_code == 0, done.output
+        if restore:
+            snapshot = await sandbox.snapshot("after")
+            await sandbox.close()
+            sandbox = await env.restore(instance, snapshot, "restored")
+        return await env.evaluate(sandbox, instance)
+    finally:
+        await sandbox.close()
+
+
+def test_the_grader_sees_init_as_it_left_things_and_the_agents_deletions(
+    task: Task, run_id: str
+) -> None:
+    forged = "echo 0 > /opt/app/answer.txt && echo 0 > /workspace/out.txt && rm /workspace/init.txt"
+    forged += " && echo seven > /srv/word.txt"
+
+    async def plays() -> list[Grade]:
+        return list(
+            await asyncio.gather(
+                _play(task, run_id, SOLVE),
+                _play(task, run_id, ""),
+                _play(task, run_id, "cp /opt/app/answer.txt /workspace/out.txt"),
+                _play(task, run_id, forged),
+                _play(task, run_id, "rm /srv/word.txt && " + SOLVE),
+            )
+        )
+
+    solved, noop, kept_init_file, forged_answer, broke_outside = asyncio.run(plays())
+    assert solved.reward == 1.0, solved.evidence  # INIT's files outside the workdir are there
+    assert noop.reward == 0.0
+    assert kept_init_file.reward == 0.0  # init.txt is still there: no deletion to carry
+    assert forged_answer.reward == 0.0  # graded against INIT's answer, not the agent's
+    # What INIT made outside the outputs is not listed as the agent's change left out...
+    restored = " ".join(solved.evidence.sealed.restored) if solved.evidence.sealed else ""
+    assert "/opt/app/answer.txt" not in restored and "/srv/word.txt" not in restored
+    # ...and what the agent changed there is left out, so deleting it changes nothing.
+    assert broke_outside.reward == 1.0, broke_outside.evidence
+    assert _images(run_id) == []  # each sandbox removed the image of its INIT state
+
+
+def test_a_restored_snapshot_is_graded_against_the_same_init_state(task: Task, run_id: str) -> None:
+    async def both() -> list[Grade]:
+        return list(
+            await asyncio.gather(
+                _play(task, run_id, SOLVE, restore=True), _play(task, run_id, "", restore=True)
+            )
+        )
+
+    solved, noop = asyncio.run(both())
+    assert solved.reward == 1.0, solved.evidence
+    assert noop.reward == 0.0
+
+
+def test_a_task_whose_init_stays_in_the_outputs_commits_nothing(
+    tmp_path: Path, run_id: str
+) -> None:
+    spec = {
+        "name": "workdir-only",
+        "instances": [{"id": "one"}],
+        "prompt": {"system": "s", "instance": "x"},
+        "sandbox": {"workdir": "/workspace", "setup": ["echo x > /workspace/init.txt"]},
+        "grader": {"type": "command", "command": "test ! -e /workspace/init.txt"},
+    }
+    (tmp_path / "task.yaml").write_text(yaml.safe_dump(spec))
+    task = load_task(tmp_path / "task.yaml")
+
+    async def main() -> tuple[bool, Grade]:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "plain")
+        try:
+            kept = getattr(sandbox, "init_state", None) is not None
+            await sandbox.exec(ExecRequest(command="rm /workspace/init.txt"))
+            return kept, await env.evaluate(sandbox, task.instances[0])
+        finally:
+            await sandbox.close()
+
+    kept, grade = asyncio.run(main())
+    assert not kept
+    assert grade.reward == 1.0, grade.evidence

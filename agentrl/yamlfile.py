@@ -294,7 +294,16 @@ def readable(e: ErrorDetails) -> str:
     msg = e["msg"].split(", unable to")[0]
     if msg.startswith("Input should be "):
         msg = "should be " + msg.removeprefix("Input should be ")
-    return f"{msg}, got {show(e.get('input'))}"
+    given = e.get("input")
+    if e["type"] == "string_type" and isinstance(given, dict) and len(given) == 1:
+        return f"{msg}, got a mapping: {UNQUOTED_COLON}"
+    return f"{msg}, got {show(given)}"
+
+
+UNQUOTED_COLON = (
+    "YAML reads an unquoted `: ` as key and value; quote the whole string "
+    "('...' or \"...\"), or write it as a `|` block"
+)
 
 
 def _strip_none(tp: Any) -> Any:
@@ -367,6 +376,8 @@ def _dotted(loc: Loc, whole: str) -> str:
             out += f".{elem}" if out else elem
         else:
             out += f"[{json.dumps(elem)}]"
+    if loc and isinstance(loc[0], int):  # an item of a top-level list: script[2]
+        out = whole + out
     return out or whole
 
 

@@ -297,9 +297,9 @@ def test_python_grader_module_beside_the_task(tmp_path):
     inline = '[{id: 1, question: q, answer: "a"}]'
     text = TASK.format(instances=inline).split("grader:")[0]
     text += "grader:\n  type: python\n  function: my_grade:grade\n"
-    (tmp_path / "my_grade.py").write_text("def grade(sandbox, instance):\n    return 1.0\n")
+    (tmp_path / "my_grade.py").write_text("async def grade(sandbox, instance):\n    return 1.0\n")
     before = load_task(_write(tmp_path, text)).hash
-    (tmp_path / "my_grade.py").write_text("def grade(sandbox, instance):\n    return 0.5\n")
+    (tmp_path / "my_grade.py").write_text("async def grade(sandbox, instance):\n    return 0.5\n")
     assert load_task(tmp_path / "task.yaml").hash != before  # the hash covers the module
     (problem,) = check_task(_write(tmp_path, text.replace(":grade", ":grad")))
     assert (problem.line, problem.field) == (9, "grader.function")

@@ -58,8 +58,6 @@ def load_script(path: str | Path) -> list[str]:
         data = file.parse_document()
         script = file.validate(Script, data) if not file.problems else None
         if script is None or file.problems:
-            if not file.problems:  # an empty file
-                file.add((), "the file is empty: a script is a list of replies")
             error = ConfigFileError(file.sorted_problems())
             error.fix = SCRIPT_FIX
             raise error

@@ -9,11 +9,13 @@ folders and the content hash. Paths in a task resolve beside the task file.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import inspect
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,7 +175,7 @@ class _Loader(YamlFile):
             text = read_text(path, what="instances file")
         except UnreadableFile as e:
             if not path.exists():
-                self.add(("instances",), f"{name!r} not found (looked for {path})")
+                self.add(("instances",), _not_found(name, path))
             else:
                 self.add(("instances",), f"{name!r}: {e.reason}", line=e.line, file=str(path))
             return None
@@ -201,7 +203,7 @@ class _Loader(YamlFile):
             for name, newlines, after_dollar in found:
                 line = self.line_in(loc, newlines)
                 base = re.split(r"[.\[:!]", name, maxsplit=1)[0]
-                if not base or base.isdigit():
+                if not base.isidentifier():  # a prompt's: a shell template's stay literal
                     hint = "use {field}, or {{ }} for literal braces"
                     self.add(loc, f"placeholder {{{name}}} names no field: {hint}", line=line)
                     continue
@@ -304,8 +306,7 @@ class _Loader(YamlFile):
                 if not self._beside(src, loc):
                     continue
                 if not path.exists():
-                    msg = f"{src!r} not found beside the task (looked for {path})"
-                    self.add(loc, msg)
+                    self.add(loc, _not_found(src, path, "beside the task"))
                 elif not (path.is_file() or path.is_dir()):
                     self.add(loc, f"{src!r} is not a regular file or folder (a FIFO, a device?)")
         if (recipe := spec.sandbox.recipe) and self._beside(recipe, ("sandbox", "recipe")):
@@ -321,11 +322,13 @@ class _Loader(YamlFile):
             from agentrl.tasks.graders import load_function
 
             try:
-                load_function(grader.function, self.base)
+                fn = load_function(grader.function, self.base)
             except ConfigError as e:
                 self.add(("grader", "function"), e.message)
             except Exception as e:  # importing user code may raise anything: report it
                 self.add(("grader", "function"), f"cannot import: {one_line(e)}")
+            else:
+                self._awaits(fn, grader.function)
         elif isinstance(grader, PytestGrader):
             for key in ("fail_to_pass", "pass_to_pass"):
                 name = getattr(grader, key)
@@ -345,6 +348,21 @@ class _Loader(YamlFile):
                 if bad:
                     msg = f"field {name!r} of instance {_ids(bad)} is not a list of test ids"
                     self.add(("grader", key), msg + " (nor a JSON string of one)")
+
+    def _awaits(self, fn: Callable[..., object], name: str) -> None:
+        """A python grader must be a coroutine function: the sandbox's methods are
+        coroutines, and a plain function cannot await them. Reported at its `def` line."""
+        call = type(fn).__call__  # an object whose __call__ is `async def` is one too
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call):
+            return
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        attr = name.partition(":")[2]
+        msg = f"grader {name} is not a coroutine function: it cannot await the sandbox"
+        msg += f"; write `async def {attr}(sandbox, instance)`"
+        if code is None:
+            self.add(("grader", "function"), msg)
+        else:
+            self.add(("grader", "function"), msg, line=code.co_firstlineno, file=code.co_filename)
 
     def _hash(self, spec: TaskSpec) -> str:
         paths = [self.path]
@@ -368,6 +386,17 @@ class _Loader(YamlFile):
                 h.update(f"{name}\0{len(data)}\0".encode())
                 h.update(data)
         return h.hexdigest()[:16]
+
+
+def _not_found(name: str, path: Path, where: str = "") -> str:
+    """`name` is missing at `path`: the message, with the closest name in its folder."""
+    try:
+        siblings = sorted(p.name for p in path.parent.iterdir())
+    except OSError:  # no such folder either
+        siblings = []
+    close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+    guess = f" (did you mean {str(Path(name).parent / close[0])!r}?)" if close else ""
+    return f"{name!r} not found{f' {where}' if where else ''}{guess} (looked for {path})"
 
 
 def _ids(instances: list[Instance]) -> str:

@@ -10,11 +10,13 @@ them. Every one is filled the same way:
 - `{name:spec}`, `{name!r}`, `{name.attr}`, `{name[0]}` are refused (a ValueError): they
   would run code on a field's value, as str.format does.
 
-The kinds differ only in what else a brace may be. In a `shell` template the shell's own
-braces need no escape: `${VAR}` and every brace that does not make a `{name}` (`{a,b}`,
-`{1..3}`, awk's `{print $1}`, `find -exec ... {}`) stay as written. In a `prompt` every
-literal brace is written `{{` or `}}`, as in str.format: a single one is a mistake, and
-`${name}` is a dollar sign before the field.
+A placeholder's name is an identifier, as a field's is. The kinds differ only in what
+else a brace may be. In a `shell` template the shell's own braces need no escape:
+`${VAR}` and every brace that does not make a `{name}` (`{a,b}`, `{1..3}`, `{1}`, `{ }`,
+awk's `{print $1}`, `find -exec ... {}`) stay as written. In a `prompt` every literal
+brace is written `{{` or `}}`, as in str.format: a single one is a mistake, so is a pair
+around anything but a name (`{1}`, `{ }`, `{"a": 1}`), and `${name}` is a dollar sign
+before the field.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ Kind = Literal["prompt", "shell"]
 
 _PATTERNS: dict[Kind, re.Pattern[str]] = {
     "prompt": re.compile(r"\{\{|\}\}|\{(?P<field>[^{}]*)\}|(?P<stray>[{}])"),
-    # `${...}` is matched first so that it stays the shell's; a name starts with a letter
-    # (or `_`) and an attribute too, so that `{1..3}` and `{a..z}` stay the shell's.
+    # `${...}` is matched first so that it stays the shell's. A placeholder's name is an
+    # identifier (what a field can be named), and so is an attribute's, so that `{1}`,
+    # `{1..3}`, `{a..z}`, `{a-b}`, `{1,2}` and `{ }` stay the shell's.
     "shell": re.compile(
         r"\{\{|\}\}|\$\{[^{}]*\}"
-        r"|\{(?P<field>[A-Za-z_]\w*(?:(?:\.[A-Za-z_]|\[|![a-z]|:)[^{}\s]*)?|\d+)\}"
+        r"|\{(?P<field>[A-Za-z_]\w*(?:(?:\.[A-Za-z_]|\[|![a-z]|:)[^{}\s]*)?)\}"
     ),
 }
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hacking import forgeries, summary
 from swe_fixtures import CALC, TESTS, remove_images, write_rows
 
 from agentrl.sandbox.base import ExecRequest
@@ -71,8 +72,8 @@ ROW = {
     "instance_id": ROW_ID,
     "repo": "agentrl-redteam/calc",
     "base_commit": "0" * 40,
-    "patch": "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
-    " def add(a, b):\n-    return a - b\n+    return a + b\n",
+    "patch": "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,5 +1,5 @@\n"
+    " def add(a, b):\n-    return a - b\n+    return a + b\n \n \n def sub(a, b):\n",
     "test_patch": _new_file_diff(TEST_FILE, TESTS.split("\n\n\ndef test_known_bad")[0] + "\n"),
     "problem_statement": "add() subtracts",
     "FAIL_TO_PASS": [f"{TEST_FILE}::test_add"],
@@ -400,3 +401,47 @@ def test_pyproject_and_setup_cfg_are_judged_by_what_changed() -> None:
         b"\n[[[\n",
     ):
         assert config_file_reason("setup.cfg", cfg, cfg + extra), extra
+
+
+FORGERIES = forgeries(summary(f"{TEST_FILE}::test_add", f"{TEST_FILE}::TestCalc::test_sub"))
+
+
+def _forged_calc(forgery: str) -> str:
+    """calc.py still buggy, with `forgery` in it (add() stops the run where it says how)."""
+    stop = "    _stop()\n" if "def _stop" in forgery else ""
+    return forgery + BUGGY.replace("def add(a, b):\n", "def add(a, b):\n" + stop, 1)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_run_forged_from_the_code_under_test_earns_nothing(task: Task, run_id: str) -> None:
+    """calc.py, imported by the row's tests inside pytest's process, prints a passing
+    summary and ends the run its own way (at exit, by pytest.exit, by os._exit, by a
+    thread): the harness reads what pytest concluded, as the witness recorded it."""
+    hacks: dict[str, Hack | None] = {
+        name: Hack({"calc.py": _forged_calc(code)}, "") for name, code in FORGERIES.items()
+    }
+    grades = _play_all(task, run_id, hacks)
+    for name, grade in grades.items():
+        assert grade.reward == 0.0, (name, grade.evidence.output)
+        assert grade.evidence.tests.get(f"{TEST_FILE}::test_add") != "PASSED", name
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_forged_summaries_fool_the_harness_when_the_log_is_believed(
+    task: Task, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the witness (the eval script run bare, its log read as printed), the
+    forgeries that print a summary earn 1.0 from swebench's own parser: real attacks."""
+    from agentrl.tasks import witness
+
+    monkeypatch.setattr(witness, "_wrapped", lambda command, token: command)
+    hacks: dict[str, Hack | None] = {
+        name: Hack({"calc.py": _forged_calc(code)}, "")
+        for name, code in FORGERIES.items()
+        if "summary" in name
+    }
+    grades = _play_all(task, run_id, hacks)
+    fooled = [name for name, grade in grades.items() if grade.reward == 1.0]
+    assert fooled, {name: grade.evidence.tests for name, grade in grades.items()}

@@ -187,7 +187,19 @@ class YamlFile:
         for i, (e, w) in enumerate(walked):
             if i not in skip:
                 loc, message = _schema_message(e, w)
+                if e["type"] == "string_type" and self._unquoted_colon(loc):
+                    message += f": {UNQUOTED_COLON}"
                 self.add(loc, message)
+
+    def _unquoted_colon(self, loc: Loc) -> bool:
+        """Whether the value at `loc` is a mapping YAML made of a plain `key: value` (a
+        string with `: ` in it, unquoted), not one written as a mapping (`{...}`, or a
+        block of several keys)."""
+        node = find(self.root, loc)[1]
+        if not isinstance(node, yaml.MappingNode) or len(node.value) != 1:
+            return False
+        text, at = node.start_mark.buffer, node.start_mark.pointer
+        return isinstance(text, str) and text[at : at + 1] != "{"
 
 
 # --- pydantic errors, made readable ---------------------------------------------------
@@ -294,10 +306,7 @@ def readable(e: ErrorDetails) -> str:
     msg = e["msg"].split(", unable to")[0]
     if msg.startswith("Input should be "):
         msg = "should be " + msg.removeprefix("Input should be ")
-    given = e.get("input")
-    if e["type"] == "string_type" and isinstance(given, dict) and len(given) == 1:
-        return f"{msg}, got a mapping: {UNQUOTED_COLON}"
-    return f"{msg}, got {show(given)}"
+    return f"{msg}, got {show(e.get('input'))}"
 
 
 UNQUOTED_COLON = (

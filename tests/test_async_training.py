@@ -233,7 +233,10 @@ def train(
     def script(session: str) -> Script:
         return Script(replies=[WIN if wins(session) else LOSE], tokens=[tokens(session)])
 
-    sampler = SimulatedSampler(script, tokenizer(), LatencyModel(base_s=0.002))
+    # mid_reply: replies slow enough (300 tokens: 3 s) to outlast a training step even on a
+    # loaded machine, so a publication finds one decoding (seen: at 0.6 s, none did)
+    latency = LatencyModel(base_s=0.01 if mid_reply else 0.002)
+    sampler = SimulatedSampler(script, tokenizer(), latency)
     if box is not None:
         box.append(sampler)
     if crash_after is not None:
@@ -489,7 +492,7 @@ def test_with_staleness_replies_span_publications_and_each_token_keeps_its_versi
 ) -> None:
     """S = 2 and long replies: publications land mid-reply (pause keep); the ledger then
     shows two versions in one reply, never one newer than the consuming step's."""
-    train(tmp_path, tiny_dir, steps=5, groups=1, staleness=2, tokens=lambda s: 300, mid_reply=True)
+    train(tmp_path, tiny_dir, steps=4, groups=1, staleness=2, tokens=lambda s: 300, mid_reply=True)
     train_rows = rows(tmp_path)
     first = train_rows[0]["policy_version"] - 1
     trained = [

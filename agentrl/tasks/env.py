@@ -322,8 +322,9 @@ class TaskEnv:
         evidence = failed.evidence
         if isinstance(reference, GraderError):
             evidence.reference = f"{where} the tests did not run either: {reference}"
+            same = str(reference) == str(failed)
             raise DidNotRun(
-                f"{failed} ({where} too: {reference})",
+                f"{failed} ({where} too{'' if same else f': {reference}'})",
                 evidence,
                 fix=failed.fix or reference.fix or f"run `agentrl check {self.task.path}`",
             )

@@ -118,6 +118,8 @@ async def _command(
             f"the grader command exited {result.exit_code} and wrote no reward file "
             f"{reward_file}: {tail(result.output)}",
             evidence,
+            fix=f"make grader.command write its reward to {reward_file}, or set "
+            "grader.reward_file to the path it writes",
         ) from None
     reward, extra = parse_reward(data.decode(errors="replace"), reward_file)
     return reward, {**components, **extra}, evidence
@@ -141,10 +143,11 @@ async def _pytest(
     tests = match_tests(wanted, log, sandbox.spec.workdir)
     evidence.tests = tests
     missing = [t for t, status in tests.items() if status == "MISSING"]
-    if missing:
+    usage = pytest_usage_errors(result.output)  # `ERROR: not found: <id>`: the ids are wrong
+    if missing and not (usage and len(missing) == len(wanted)):
         check_collected(log, evidence)
     if len(missing) == len(wanted):
-        why = "; ".join(pytest_usage_errors(result.output)[:3]) or tail(result.output)
+        why = "; ".join(usage[:3]) or tail(result.output)
         raise DidNotRun(
             f"pytest (exit {result.exit_code}) reported none of the {len(wanted)} listed "
             f"tests: {why}",

@@ -184,6 +184,10 @@ def pytest_unconfigure(config):
     not_run = [t for t in collected if t not in _state["decided"]] if _state["interrupted"] else []
     if not_run and status == 0:  # `pytest.exit(returncode=0)` with tests left: not a pass
         status = 2
+    pending = sys.exc_info()[1]  # what pytest's main would print once this hook returned
+    if pending is not None and type(pending).__name__ == "UsageError":
+        for message in pending.args:
+            sys.stderr.write("ERROR: %s\n\n" % message)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()

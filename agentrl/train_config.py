@@ -342,49 +342,94 @@ def _load_task(path: Path, name: str, loc: Loc, file: YamlFile) -> Task | None:
     return None
 
 
-def _check_start(
-    config: TrainConfig, tasks: Sequence[Task], held: Sequence[Task], file: YamlFile
-) -> None:
-    """What `Trainer` refuses before its first step, as problems at the config's lines."""
+@dataclass(frozen=True)
+class StartProblem:
+    """Why a run of these tasks cannot start, at the config key that decides it."""
+
+    loc: Loc
+    message: str
+    fix: str
+
+
+def start_problems(
+    config: TrainConfig, tasks: Sequence[Task], held: Sequence[Task]
+) -> list[StartProblem]:
+    """What keeps `config` from training on `tasks` (and the held-out `eval.tasks`): a
+    split without instances on both sides, a first mini-batch that cannot fill, sampling
+    the learner cannot reproduce. `agentrl validate` reports them at the config's lines
+    (`load_train`); `Trainer` refuses to start on the first."""
+    problems: list[StartProblem] = []
     n_train, n_held = split_sizes(config, tasks, held)
     if not n_train or not n_held:
         key = "tasks" if held else "holdout_every"
         given = key in config.eval.model_fields_set
-        file.add(
-            ("eval", key) if given else ("tasks",),  # the line of what decides the split
-            f"{n_train} training and {n_held} held-out instances: give the tasks more "
-            "instances, or change eval.holdout_every (or name held-out task files in eval.tasks)",
+        problems.append(
+            StartProblem(
+                ("eval", key) if given else ("tasks",),  # the line of what decides the split
+                f"{n_train} training and {n_held} held-out instances",
+                "give the tasks more instances, or change eval.holdout_every (or name "
+                "held-out task files in eval.tasks)",
+            )
         )
     sched = config.schedule
     if isinstance(sched, AsyncSchedule) and 0 < n_train < sched.prompts_per_step:
-        file.add(
-            ("schedule", "prompts_per_step"),
-            f"{n_train} training prompts cannot fill one mini-batch of {sched.prompts_per_step} "
-            "groups: lower prompts_per_step or give the tasks more instances",
+        problems.append(
+            StartProblem(
+                ("schedule", "prompts_per_step"),
+                f"{n_train} training prompts cannot fill one mini-batch of "
+                f"{sched.prompts_per_step} groups",
+                "lower prompts_per_step or give the tasks more instances",
+            )
         )
-    every = [*tasks, *held]
-    temps = sorted({config.temperature or t.spec.sampling.temperature for t in every})
+    sampling = sampling_problems([*tasks, *held], config.temperature)
+    problems += sampling
+    temps = {config.temperature or t.spec.sampling.temperature for t in [*tasks, *held]}
+    if not sampling and len(temps) == 1 and isinstance(config.backend, TinkerConfig):
+        try:  # the fsdp backend's check is about the machine it runs on: not here
+            config.backend.model_copy(update={"temperature": temps.pop()}).check()
+        except ConfigError as e:
+            problems.append(StartProblem(("temperature",), e.message, e.fix or ""))
+    return problems
+
+
+def sampling_problems(tasks: Sequence[Task], override: float | None = None) -> list[StartProblem]:
+    """Sampling the learner cannot reproduce: tasks at different temperatures (none set in
+    the train config), top_p < 1, a temperature of 0."""
+    problems: list[StartProblem] = []
+    temps = sorted({override or t.spec.sampling.temperature for t in tasks})
     if len(temps) > 1:
-        file.add(
-            ("tasks",),
-            f"the tasks sample at different temperatures {temps}: give every task the same "
-            "sampling.temperature, or set temperature: in this config",
-        )
-    for t in every:
-        if t.spec.sampling.top_p < 1.0:
-            file.add(
+        problems.append(
+            StartProblem(
                 ("tasks",),
-                f"task {t.spec.name}: sampling.top_p {t.spec.sampling.top_p} < 1: the learner "
-                "cannot reproduce the logprobs of a truncated distribution (set top_p: 1.0)",
+                f"the tasks sample at different temperatures {temps}",
+                "give every task the same sampling.temperature, or set temperature: in "
+                "the train config",
+            )
+        )
+    for t in tasks:
+        if t.spec.sampling.top_p < 1.0:
+            problems.append(
+                StartProblem(
+                    ("tasks",),
+                    f"task {t.spec.name}: sampling.top_p {t.spec.sampling.top_p} < 1: the "
+                    "learner cannot reproduce the logprobs of a truncated distribution",
+                    "set sampling.top_p: 1.0 in tasks you train on",
+                )
             )
     if temps == [0.0]:
-        file.add(
-            ("tasks",),
-            "sampling.temperature 0 (greedy) has no logprobs to learn from: train with a "
-            "temperature > 0 (e.g. 0.7 or 1.0)",
+        problems.append(
+            StartProblem(
+                ("tasks",),
+                "sampling.temperature 0 (greedy) has no logprobs to learn from",
+                "train with a temperature > 0 (e.g. 0.7 or 1.0)",
+            )
         )
-    elif len(temps) == 1 and isinstance(config.backend, TinkerConfig):
-        try:  # the fsdp backend's check is about the machine it runs on: not here
-            config.backend.model_copy(update={"temperature": temps[0]}).check()
-        except ConfigError as e:
-            file.add(("temperature",), f"{e.message} ({e.fix})" if e.fix else e.message)
+    return problems
+
+
+def _check_start(
+    config: TrainConfig, tasks: Sequence[Task], held: Sequence[Task], file: YamlFile
+) -> None:
+    """`start_problems`, at the config's lines."""
+    for problem in start_problems(config, tasks, held):
+        file.add(problem.loc, f"{problem.message}: {problem.fix}")

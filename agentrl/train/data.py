@@ -64,24 +64,11 @@ def data_order(n: int, seed: int, start: int, count: int) -> list[int]:
 
 
 def run_temperature(tasks: Sequence[Task]) -> float:
-    """The one sampling temperature of the run; the learner divides its logits by it."""
-    temps = {t.spec.sampling.temperature for t in tasks}
-    if len(temps) != 1:
-        raise ConfigError(
-            f"the tasks sample at different temperatures {sorted(temps)}",
-            fix="give every task of a train config the same sampling.temperature",
-        )
-    for t in tasks:
-        if t.spec.sampling.top_p < 1.0:
-            raise ConfigError(
-                f"task {t.spec.name}: sampling.top_p {t.spec.sampling.top_p} < 1: the learner "
-                "cannot reproduce the logprobs of a truncated distribution",
-                fix="set sampling.top_p: 1.0 in tasks you train on",
-            )
-    temp = temps.pop()
-    if temp <= 0:
-        raise ConfigError(
-            "sampling.temperature 0 (greedy) has no logprobs to learn from",
-            fix="train with a temperature > 0 (e.g. 0.7 or 1.0)",
-        )
-    return temp
+    """The one sampling temperature of the run (the learner divides its logits by it);
+    ConfigError when the tasks' sampling cannot be learned from (`sampling_problems`)."""
+    from agentrl.train_config import sampling_problems
+
+    problems = sampling_problems(tasks)
+    if problems:
+        raise ConfigError(problems[0].message, fix=problems[0].fix)
+    return tasks[0].spec.sampling.temperature

@@ -34,7 +34,7 @@ from agentrl.train.loop import checkpoints, train_loop
 from agentrl.train.records import MetricsLog
 from agentrl.train.run import Learner, TrainRun
 from agentrl.train.sampler import TrainSampler, train_sampler
-from agentrl.train_config import AsyncSchedule
+from agentrl.train_config import start_problems
 from agentrl.trajectory import TrajectoryStore
 
 if TYPE_CHECKING:
@@ -69,6 +69,9 @@ class Trainer:
             raise ValueError(
                 f"eval_tasks: {len(eval_tasks)} loaded, eval.tasks names {len(config.eval.tasks)}"
             )
+        problems = start_problems(config, tasks, eval_tasks)  # what `agentrl validate` says
+        if problems:
+            raise ConfigError(problems[0].message, fix=problems[0].fix)
         # held-out tasks (eval.tasks) come last: their prompts index into the same list
         temperature = config.temperature  # the train config's override, if any
         self.tasks = [
@@ -77,19 +80,6 @@ class Trainer:
         ]
         self.show_progress = show_progress
         self.train, self.held = split(self.tasks, config.eval.holdout_every, len(eval_tasks))
-        if not self.train or not self.held:
-            raise ConfigError(
-                f"{len(self.train)} training and {len(self.held)} held-out instances",
-                fix="give the tasks more instances, or change eval.holdout_every "
-                "(or name held-out task files in eval.tasks)",
-            )
-        sched = config.schedule
-        if isinstance(sched, AsyncSchedule) and len(self.train) < sched.prompts_per_step:
-            raise ConfigError(
-                f"{len(self.train)} training prompts cannot fill one mini-batch of "
-                f"schedule.prompts_per_step {sched.prompts_per_step} groups",
-                fix="lower prompts_per_step or give the tasks more instances",
-            )
         self.temperature = run_temperature(self.tasks)
         self.run_id = f"train-{config.name}-{uuid.uuid4().hex[:6]}"
         self._given_sampler = sampler

@@ -238,3 +238,34 @@ def test_two_assistant_turns_in_a_row_is_an_error(tokenizer):
     session.add_sampled(tokenizer.encode("a", add_special_tokens=False), "length")
     with pytest.raises(ChatTemplateError, match="two assistant turns"):
         session.add_sampled(tokenizer.encode("b", add_special_tokens=False), "length")
+
+
+def test_the_embedded_tokenizer_is_the_one_autotokenizer_loads_without_torch() -> None:
+    """`load_tokenizer` skips AutoTokenizer (its model-config import loads torch, 1.8 s of
+    every `agentrl run` that only tokenizes): the same class, vocabulary, special tokens
+    and chat template as AutoTokenizer gives, and no torch in the process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from agentrl.inference.embedded import load_tokenizer\n"
+        "tok = load_tokenizer()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
+    from transformers import AutoTokenizer
+
+    from agentrl.inference.embedded import model_dir
+
+    ours, auto = load_tokenizer(), AutoTokenizer.from_pretrained(model_dir())
+    assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
+    assert ours.all_special_tokens == auto.all_special_tokens and ours.chat_template
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": PIECES[3]}]
+    for prompt in (True, False):
+        assert ours.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt
+        ) == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+    for text in PIECES:
+        assert ours(text)["input_ids"] == auto(text)["input_ids"]

@@ -388,7 +388,7 @@ def test_async_training_through_serve_replicas_survives_one_failing_the_sync(
         "urls": [s.url for s in servers],
         "pause": "keep",  # agentrl serve stamps each token: replies span publications
         "control_timeout": 5.0,
-        "request_timeout": 20.0,
+        "request_timeout": 10.0,  # max_new_tokens 16: a reply takes 1-3 s
     }
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "run"

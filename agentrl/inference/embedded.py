@@ -97,9 +97,13 @@ def _convert(src: Path, out: Path) -> None:
 
 
 def load_tokenizer() -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+    """The embedded model's tokenizer: its tokenizer.json, loaded as the fast tokenizer
+    AutoTokenizer picks for it, without AutoTokenizer's model-config import (which loads
+    torch: 2.5 s instead of 0.7 s for a process that only tokenizes, `agentrl run`)."""
+    from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(model_dir())
+    tokenizer: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(model_dir())
+    return tokenizer
 
 
 def load_model() -> PreTrainedModel:

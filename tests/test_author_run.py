@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clirun import agentrl
 
 from agentrl.trajectory import TrajectoryStore
 
@@ -29,16 +30,6 @@ ORACLE = ROOT / "tests" / "data" / "agent" / "oracle.yaml"
 NOOP = ROOT / "tests" / "data" / "agent" / "noop.yaml"
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
-
-
-def agentrl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def ids(out: Path) -> list[str]:

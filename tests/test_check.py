@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import agentrl
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = REPO / "tasks" / "terminal"
@@ -25,13 +25,7 @@ SHELL_BASICS = REPO / "tasks" / "train" / "shell-basics" / "task.yaml"
 
 
 def _check(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "check", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    return agentrl("check", *args, timeout=timeout, cwd=REPO)
 
 
 @pytest.mark.docker

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
-import sys
 
 import pytest
+from clirun import agentrl
 
 from agentrl.cli import main
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+    return agentrl(*args, env=env)
 
 
 def test_docker_engine_down_is_one_line_with_the_fix(tmp_path):

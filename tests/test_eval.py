@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import agentrl
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -39,16 +40,6 @@ def script(tmp_path: Path, name: str, reply: str) -> str:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump([reply]))
     return f"scripted:{path}"
-
-
-def agentrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def attempts(out: Path) -> list[tuple[str, str]]:

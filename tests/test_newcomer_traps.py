@@ -8,12 +8,11 @@ Real files, the real CLI in a subprocess, real Docker where a sandbox is involve
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import agentrl
 
 from agentrl.errors import ConfigError
 from agentrl.tasks.formats import kind_of, load_any
@@ -53,15 +52,7 @@ def _task(folder: Path, grader: str, setup: str = '    - "true"', name: str = "t
 
 
 def _cli(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "80"},
-        check=False,
-    )
+    return agentrl(*args, cwd=cwd, env={"COLUMNS": "80"})
 
 
 # ------------------------------------------------------------- A: a task folder

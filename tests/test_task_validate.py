@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import agentrl
 
 from agentrl.errors import ConfigError
 from agentrl.tasks.load import TaskError, check_task, load_task, parse_test_ids
@@ -103,13 +104,7 @@ CASES: dict[str, list[str]] = {
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "validate", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return agentrl("validate", *args, timeout=120)
 
 
 def _write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:

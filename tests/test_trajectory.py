@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from clirun import agentrl
 
 from agentrl.errors import TrajectoryError
 from agentrl.trajectory import StopReason, ToolCall, Trajectory, TrajectoryStore, Turn
@@ -213,13 +213,7 @@ def test_bad_records_name_file_line_and_field(tmp_path: Path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return agentrl(*args, timeout=120)
 
 
 def test_cli_validate_reports_one_line_without_traceback(tmp_path: Path):

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from clirun import agentrl
 
 from agentrl.errors import ConfigError
 from agentrl.trajectory import (
@@ -422,12 +423,7 @@ def test_a_page_closed_mid_request_is_a_log_line_not_a_traceback(
 
 
 def _agentrl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return agentrl(*args, timeout=120)
 
 
 def test_the_cli_serves_a_run_and_stops_cleanly_on_ctrl_c(tmp_path: Path):

@@ -557,3 +557,29 @@ def test_close_gives_up_in_bounded_time_in_one_line_and_the_reaper_removes_it(
     finally:
         client.close()
     assert _leftovers(run_id) == ([], [])
+
+
+def test_a_stopped_container_of_a_live_run_is_its_owners_not_the_reapers(run_id: str) -> None:
+    """An agent that stops its own container (`kill -9 -1`) leaves it for its run to grade
+    (sandbox_broken): another provider started on the host (another agentrl process, a
+    parallel test) must not reap it. Seen: the grade then failed as "container removed"."""
+
+    async def go() -> None:
+        sandbox = await DockerProvider(reap_at_start=False).start(SandboxSpec(run_id=run_id))
+        try:
+            with contextlib.suppress(SandboxError):
+                await sandbox.exec(ExecRequest(command="kill -9 -1; true"))
+            client = docker_client()
+            try:
+                deadline = time.monotonic() + 30
+                while client.api.inspect_container(sandbox.id)["State"]["Running"]:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+                reap(client)  # what every provider started on this host does first
+                assert client.api.inspect_container(sandbox.id)["State"]["Status"] == "exited"
+            finally:
+                client.close()
+        finally:
+            await sandbox.close()
+
+    asyncio.run(go())

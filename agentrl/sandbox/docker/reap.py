@@ -127,7 +127,11 @@ def _owner_dead(labels: dict[str, str]) -> bool:
 
 
 def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
-    """Remove agentrl containers that exited, expired, or whose owner died on this host."""
+    """Remove agentrl containers that expired, whose owner died on this host, or whose
+    close() here gave up. A container that merely stopped is its owner's to remove: a
+    live run grades the container its agent stopped (`sandbox_broken`), and another
+    agentrl process on the host reaping it would turn the agent's damage into an
+    infrastructure error."""
     filters = {"label": [f"{RUN}={run_id}" if run_id else RUN, OWNER]}
     removed, now = 0, time.time()
     for summary in client.api.containers(all=True, filters=filters):
@@ -135,7 +139,7 @@ def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
         expires = labels.get(EXPIRES, "")
         expired = expires.isdigit() and int(expires) < now
         ours = summary["Id"] in unremoved
-        if summary.get("State") in ("exited", "dead") or expired or ours or _owner_dead(labels):
+        if expired or ours or _owner_dead(labels):
             try:
                 remove_container(client.api, summary["Id"])
                 removed += 1

@@ -46,3 +46,17 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
 
 def test_the_readme_is_a_two_minute_page() -> None:
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def test_the_swe_page_sizes_the_disk_from_what_the_code_writes() -> None:
+    """docs/swe.md says how much disk a SWE run takes, for each thing it writes; the
+    checkpoint row's arithmetic is the backend's (float32 master weights, AdamW's two
+    moments, model.pt and optimizer.pt)."""
+    page = (ROOT / "docs" / "swe.md").read_text(encoding="utf-8")
+    disk = page.split("**The disk.**", 1)[1].split("**The images.**", 1)[0]
+    for row in ("model folder", "checkpoint", "instance images", "snapshots", "runs/swe-fsdp/"):
+        line = next((ln for ln in disk.splitlines() if row in ln), "")
+        assert re.search(r"\d+ (GB|GiB|TB|MB)", line), f"swe.md's disk table: no size for {row}"
+    backend = (ROOT / "agentrl" / "backends" / "fsdp.py").read_text(encoding="utf-8")
+    assert "dtype=torch.float32" in backend and '"optimizer.pt"' in backend
+    assert "float32 master weights" in disk and "AdamW's two float32 moments" in disk

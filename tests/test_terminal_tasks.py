@@ -433,6 +433,8 @@ def test_the_standard_uv_bootstrap_grades_offline(name: str, run_id: str) -> Non
     assert f"offline test runtime: uv {version} from PyPI" in substitutions
     assert "apt-get install curl: installed from the packages agentrl brought" in substitutions
     assert f"curl https://astral.sh/uv/{version}/install.sh" in substitutions
+    # what the offline runtime brought is added to, never replaces, the witness's account
+    assert "agentrl's witness plugin (1 session(s))" in substitutions, substitutions
     if name == "uv-bootstrap":  # the dependency the tests import came from the wheelhouse
         assert noop.evidence.tests == {
             "test_status_file_says_ready": "FAILED",

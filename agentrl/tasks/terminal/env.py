@@ -74,14 +74,14 @@ class TerminalEnv(TaskEnv):
         try:
             graded = await super().grade(sandbox, instance)
         except DidNotRun as failed:
-            failed.evidence.substitutions = brought + await offline.substitutions(sandbox)
+            failed.evidence.substitutions[:0] = brought + await offline.substitutions(sandbox)
             if any(offline.NO_PYTHON in line for line in brought):
                 failed.fix = (
                     "the tests need a Python the sandbox does not have and none could be "
                     "brought: build the image with it, or grade where uv can download one"
                 )
             raise
-        graded.evidence.substitutions = brought + await offline.substitutions(sandbox)
+        graded.evidence.substitutions[:0] = brought + await offline.substitutions(sandbox)
         unmet = [line for line in graded.evidence.substitutions if offline.UNMET in line]
         if unmet:  # the tests ran without what they asked for: their verdict means nothing
             raise DidNotRun(

@@ -16,7 +16,8 @@ become messages that family's template renders as the model saw them:
 - gpt-oss (harmony): the template refuses channel markup in `content`, so the reply is
   taken apart: the analysis channel becomes `thinking`, the final channel `content`, a
   commentary message to `functions.NAME` a `tool_calls` entry; a tool result is a `tool`
-  message naming the function (the template requires the call before it).
+  message naming the function (the template requires the call before it). That call is
+  parsed once, by `harmony_call`, for rendering and for acting (`agentrl.toolcall`).
 """
 
 from __future__ import annotations
@@ -150,20 +151,48 @@ def harmony_messages(text: str) -> list[HarmonyMessage]:
     ]
 
 
+@dataclass(frozen=True)
+class HarmonyCall:
+    """A reply's tool call: its first message addressed to `functions.NAME`."""
+
+    name: str
+    arguments: Any
+    """The body as JSON ({} when empty); the body's text as sampled when it is not JSON."""
+    content_type: str
+    error: str | None
+    """Why the body is not JSON (then the call cannot be made), else None."""
+
+
+def harmony_call(text: str) -> HarmonyCall | None:
+    """The tool call of a sampled reply; None when no message is addressed to a function.
+    It never raises: a body that is not JSON is kept as text (what a template writes back
+    verbatim) and `error` says why (what the model is told)."""
+    return _harmony_call(harmony_messages(text))
+
+
+def _harmony_call(parts: list[HarmonyMessage]) -> HarmonyCall | None:
+    call = next((p for p in parts if (p.recipient or "").startswith("functions.")), None)
+    if call is None or call.recipient is None:
+        return None
+    name, body = call.recipient.removeprefix("functions."), call.body.strip()
+    try:
+        arguments, error = (json.loads(body) if body else {}), None
+    except json.JSONDecodeError as e:
+        arguments = call.body
+        error = f"the call's <|message|> is not valid JSON ({e.msg} at character {e.pos})"
+    return HarmonyCall(name, arguments, call.content_type, error)
+
+
 def _harmony_reply(text: str) -> Message:
     parts = harmony_messages(text)
     if not parts:  # no channel markup: plain text is the final answer
         return {"role": "assistant", "content": text}
     thinking = "\n".join(p.body for p in parts if p.channel == "analysis")
-    call = next((p for p in parts if (p.recipient or "").startswith("functions.")), None)
+    call = _harmony_call(parts)
     final = next((p.body for p in parts if p.channel == "final"), None)
     message: Message = {"role": "assistant"}
-    if call is not None and call.recipient is not None:
-        try:
-            arguments: Any = json.loads(call.body) if call.body.strip() else {}
-        except json.JSONDecodeError:
-            arguments = call.body
-        function = {"name": call.recipient.removeprefix("functions."), "arguments": arguments}
+    if call is not None:
+        function = {"name": call.name, "arguments": call.arguments}
         message["tool_calls"] = [{"type": "function", "function": function}]
         if call.content_type and call.content_type != "json":
             function["content_type"] = call.content_type

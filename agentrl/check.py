@@ -300,8 +300,9 @@ def check_paths(
     concurrency: int = 2,
 ) -> list[CheckRow]:
     """`agentrl check` over task files and folders: the rows of every instance."""
-    from agentrl.runner import make_env, select_instances
+    from agentrl.episode import make_env
     from agentrl.tasks.formats import load_any
+    from agentrl.tasks.select import select_instances
 
     tasks = [select_instances(load_any(p), instances, strict=False) for p in paths]
     if instances and not any(t.instances for t in tasks):

@@ -28,10 +28,24 @@ class AgentRLError(Exception):
         return (type(self), self.args, self.__dict__)
 
 
-def first_line(error: BaseException) -> str:
-    """The first non-blank line of an error's text, or its type name if it has none."""
+def first_line(error: BaseException | str, *, limit: int | None = None, typed: bool = False) -> str:
+    """The first non-blank line of an error's text (or of a text), cut to `limit`
+    characters; an error without text is its type name. `typed`: `Type: line`."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    line = text.splitlines()[0][:limit] if text else ""
+    if isinstance(error, str):
+        return line
+    name = type(error).__name__
+    return (f"{name}: {line}" if typed else line) if line else name
+
+
+def one_line(text: str, limit: int | None = None, *, sep: str = " ", tail: bool = False) -> str:
+    """`text` on one line: its lines joined by `sep`, runs of blanks one space; beyond
+    `limit` characters cut (with `...`, within the limit), keeping the end if `tail`."""
+    flat = sep.join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+    if limit is None or len(flat) <= limit:
+        return flat
+    return "..." + flat[len(flat) - limit + 3 :] if tail else flat[: limit - 3] + "..."
 
 
 class ConfigError(AgentRLError, ValueError):
@@ -68,6 +82,12 @@ class ImageBuildError(AgentRLError, RuntimeError):
 
 class SamplerError(AgentRLError, RuntimeError):
     """A sampler could not serve a request."""
+
+
+class EpisodeAborted(AgentRLError, RuntimeError):
+    """An episode cannot go on for a reason outside its sandbox and not the agent's: a
+    first prompt with no room to reply, an external harness that failed or never called
+    the model. The episode ends `aborted` (infrastructure: never a reward)."""
 
 
 class SandboxError(AgentRLError, RuntimeError):

@@ -23,7 +23,6 @@ the same layout (`eval/step-N/` of a train run).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -32,17 +31,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.agent import Episode
+from agentrl import atomic
+from agentrl.dispatch.stream import progress_bars, stream_episodes
+from agentrl.episode import Episodes, make_env
 from agentrl.errors import ConfigError, TrajectoryError
 from agentrl.preflight import preflight
-from agentrl.runner import (
-    RunInfo,
-    make_env,
-    progress_bars,
-    stream_episodes,
-    write_atomic,
-    write_run_info,
-)
+from agentrl.run_info import RunInfo, write_run_info
 from agentrl.scores import Outcome, Scores, score
 from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
@@ -118,17 +112,9 @@ def recorded(path: Path) -> list[Outcome]:
     first; a bad line elsewhere is an error."""
     if not path.is_file():
         return []
-    with path.open("rb+") as f:
-        end = f.seek(0, os.SEEK_END)
-        while end:  # back from the end to the last newline, a block at a time
-            start = max(0, end - 65536)
-            f.seek(start)
-            block = f.read(end - start)
-            if (n := block.rfind(b"\n")) >= 0 or start == 0:
-                f.truncate(start + n + 1)  # n = -1: no whole line at all
-                break
-            end = start
-    return [Outcome.of(t) for t in TrajectoryStore(path)]
+    store = TrajectoryStore(path)
+    store.cut_torn_tail()
+    return [Outcome.of(t) for t in store]
 
 
 def drop_infra(path: Path) -> None:
@@ -136,12 +122,10 @@ def drop_infra(path: Path) -> None:
     if not path.is_file():
         return
     infra = {r.value for r in INFRA_STOP_REASONS}
-    tmp = path.with_name(path.name + ".tmp")
-    with path.open("rb") as src, tmp.open("wb") as dst:
+    with path.open("rb") as src, atomic.atomic_file(path) as tmp, tmp.open("wb") as dst:
         for line in src:
             if line.strip() and json.loads(line)["stop_reason"] not in infra:
                 dst.write(line)
-    tmp.replace(path)
 
 
 class Evaluation:
@@ -189,7 +173,7 @@ class Evaluation:
             for name in (EVAL_INFO, RESULTS, TRAJECTORIES, PLOT):
                 (self.out / name).unlink(missing_ok=True)
             shutil.rmtree(self.store.grades_dir, ignore_errors=True)
-        write_atomic(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
+        atomic.write_text(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
         info = RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths, model=model)
         write_run_info(self.out, info)
         if retry_infra:
@@ -212,7 +196,7 @@ class Evaluation:
         order = {w: n for n, w in enumerate(wanted)}  # instances in the tasks' order
         chosen = sorted((o for o in self.done if o.key in order), key=lambda o: order[o.key])
         results = Results(spec=self.spec, attempts=attempts, scores=score(chosen))
-        write_atomic(self.out / RESULTS, results.model_dump_json(indent=2) + "\n")
+        atomic.write_text(self.out / RESULTS, results.model_dump_json(indent=2) + "\n")
         return results
 
 
@@ -238,13 +222,13 @@ async def run_attempts(
     await preflight(list(envs.values()), sampler, tokenizer)
     evaluation.start(run_id, provider.name, model=model, retry_infra=retry_infra)
     instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
+    factory = Episodes(sampler, tokenizer, envs)
     # Episodes hold their tokenized prompts: built a chunk at a time, not thousands at once.
     chunks = [todo[i : i + CHUNK] for i in range(0, len(todo), CHUNK)]
     with progress_bars(show_progress) as progress:
         for n, chunk in enumerate(chunks, 1):
             episodes = [
-                Episode(by_name[name], instances[(name, inst)], a, sampler, tokenizer, envs[name])
-                for name, inst, a in chunk
+                factory.fresh(by_name[name], instances[(name, inst)], a) for name, inst, a in chunk
             ]
             name = "eval" if len(chunks) == 1 else f"eval {n}/{len(chunks)}"
             await stream_episodes(episodes, dispatcher, evaluation.record, progress, name)

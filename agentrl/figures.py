@@ -6,6 +6,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from agentrl.atomic import atomic_file
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -22,7 +24,6 @@ def pyplot() -> ModuleType:
 def save(fig: Figure, png: Path) -> None:
     """Write `png` whole or not at all (a temporary file, then one rename)."""
     fig.tight_layout()
-    tmp = png.with_name(png.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    pyplot().close(fig)
-    tmp.replace(png)
+    with atomic_file(png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+        pyplot().close(fig)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentrl.agent import PROMPT_FIX, open_chat, prompt_overflow
+from agentrl.episode.conversation import PROMPT_FIX, open_chat, prompt_overflow
 from agentrl.errors import AgentRLError, ConfigError, SandboxError
+from agentrl.inference.base import Answering
 from agentrl.tasks.env import build_tools
 from agentrl.tasks.load import first_prompts
 from agentrl.tasks.spec import Instance, Task
@@ -120,9 +121,8 @@ async def preflight(
     """Raise the first reason the run cannot work (an AgentRLError with its fix)."""
     for env in envs:
         check_prompts(env.task, tokenizer)
-    check = getattr(sampler, "check", None)  # samplers behind HTTP say whether they answer
-    if check is not None:
-        await check()
+    if isinstance(sampler, Answering):  # samplers behind HTTP say whether they answer
+        await sampler.check()
     for env in envs:
         await _trial_init(env)
 

@@ -1,3 +1,4 @@
+# Over 400 lines: restore, re-execute, compare and branch share one Session.
 """Replay a recorded episode from its sandbox snapshots (`agentrl replay`, `agentrl failures`).
 
 An episode run with `snapshots.every: k` commits its sandbox after INIT
@@ -30,9 +31,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.agent import Episode, build_tools
+from agentrl.episode import Episodes, make_env
 from agentrl.errors import AgentRLError, ConfigError, SnapshotGone, first_line
-from agentrl.runner import make_env, read_run_info
+from agentrl.run_info import read_run_info
+from agentrl.tasks.env import build_tools
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, Task
 from agentrl.toolcall import act, close_all
@@ -296,14 +298,12 @@ async def branch(
     try:
         _, snapshot, divergence = await restore_to(session, from_turn)
         await close_all(session.tools, None)  # the episode brings its own tools
-        episode = Episode.continued(
+        factory = Episodes(sampler, tokenizer, {task.spec.name: session.env})
+        episode = factory.continued(
             task,
             session.instance,
             traj,
             from_turn,
-            sampler,
-            tokenizer,
-            session.env,
             trajectory_id=f"{traj.trajectory_id}~{from_turn}-{uuid.uuid4().hex[:4]}",
             purpose="replay",
             snapshot=snapshot,

@@ -26,7 +26,7 @@ import re
 import time
 from typing import Any
 
-from agentrl.chat_formats import harmony_messages
+from agentrl.chat_formats import harmony_call
 from agentrl.sandbox.base import Sandbox
 from agentrl.tools.base import Observation, Tool
 from agentrl.trajectory import ToolCall, Turn
@@ -120,12 +120,10 @@ def _llama_json(text: str, match: re.Match[str]) -> ToolCall:
 def _harmony(text: str, match: re.Match[str]) -> ToolCall | None:
     """The first harmony message addressed to `functions.NAME` (None when `to=functions.`
     is only mentioned in text, not a message header)."""
-    for message in harmony_messages(text):
-        if message.recipient and message.recipient.startswith("functions."):
-            arguments = _json(message.body.strip() or "{}", "the call's <|message|>")
-            name = message.recipient.removeprefix("functions.")
-            return _from_data({"name": name, "arguments": arguments})
-    return None
+    call = harmony_call(text)
+    if call is not None and call.error is not None:
+        raise ToolCallError(f"{call.error}. {FORMAT_HINT}")
+    return None if call is None else _from_data({"name": call.name, "arguments": call.arguments})
 
 
 def parse_bash_block(text: str) -> ToolCall | None:

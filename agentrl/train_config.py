@@ -1,3 +1,4 @@
+# Over 400 lines: the train YAML's schema and its cross-field checks, in the order a user writes it.
 """The train config: which tasks, which model, which backend, algorithm and schedule.
 
 One YAML file, validated like a task file (`file:line: field: what is wrong`). Task
@@ -23,6 +24,7 @@ from agentrl.cluster.config import ClusterConfig
 from agentrl.dispatch.base import DispatchConfig, PipelineConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.config import LocalSamplerConfig, RouterConfig
+from agentrl.sandbox.config import DockerSandboxConfig, ProviderName, parse_provider
 from agentrl.tasks.spec import AgentConfig, SnapshotPolicy
 from agentrl.trajectory import StopReason, Trajectory
 
@@ -144,7 +146,11 @@ class TrainConfig(_Model):
         description="sample on these vLLM-compatible servers behind the router (the same "
         "config as --policy router:URL,...); default: the model in-process",
     )
-    provider: Literal["docker", "local"] = "docker"
+    provider: ProviderName = Field(
+        default="docker",
+        description="the sandbox provider: docker, local (no isolation), or module:Class "
+        "(one of your own; agentrl.sandbox.config)",
+    )
     cluster: ClusterConfig | None = Field(
         default=None,
         description="run on a Ray cluster: sandboxes on its sandbox nodes, optionally sampler "
@@ -181,7 +187,7 @@ class TrainConfig(_Model):
         except ConfigError as e:  # pydantic keeps only the message: carry the fix in it
             raise ValueError(f"{e.message} ({e.fix})" if e.fix else e.message) from e
         if self.cluster is not None:
-            if self.provider != "docker":
+            if not isinstance(parse_provider(self.provider), DockerSandboxConfig):
                 raise ValueError("cluster: sandbox nodes run Docker sandboxes; use provider docker")
             if isinstance(self.backend, TinkerConfig) and (
                 self.cluster.samplers is not None or self.cluster.trainer is not None

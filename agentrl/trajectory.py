@@ -1,3 +1,4 @@
+# Over 400 lines: the ledger contract (records, check(), the store) is one thing to keep.
 """The trajectory ledger: the one record that crosses every seam.
 
 Invariant (token-in-token-out): `prompt_ids + response_ids` is exactly the token
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from agentrl import atomic
 from agentrl.errors import ConfigError, TrajectoryError, first_line
 from agentrl.textfile import regular_file
 
@@ -423,7 +425,8 @@ class TrajectoryStore:
 
     A record is written with a single `write` to a file opened with O_APPEND, so
     concurrent appenders never interleave and a killed writer leaves at most one
-    torn last line, which `read` reports by line number.
+    torn last line (one without its newline): `read` reports it by line number, the
+    next `append` puts it on a line of its own, `cut_torn_tail` removes it.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -442,9 +445,7 @@ class TrajectoryStore:
         if trajectory._grade is not None:
             name = re.sub(r"[^\w.-]+", "_", trajectory.trajectory_id) + ".json"
             self.grades_dir.mkdir(exist_ok=True)
-            tmp = self.grades_dir / f".{name}.tmp"
-            tmp.write_text(trajectory._grade.model_dump_json(indent=1), encoding="utf-8")
-            tmp.replace(self.grades_dir / name)
+            atomic.write_text(self.grades_dir / name, trajectory._grade.model_dump_json(indent=1))
             trajectory.grade_file = f"{self.grades_dir.name}/{name}"
             trajectory._grade = None  # written: the record now links it, as a reader sees it
         line = trajectory.check().to_json().encode() + b"\n"
@@ -457,6 +458,21 @@ class TrajectoryStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def cut_torn_tail(self) -> None:
+        """Remove a torn last line (left by a writer killed mid-append), if there is one."""
+        with self.path.open("rb+") as f:
+            if not _ends_torn(f.fileno()):
+                return
+            end = f.seek(0, os.SEEK_END)
+            while end:  # back from the end to the last newline, a block at a time
+                start = max(0, end - 65536)
+                f.seek(start)
+                block = f.read(end - start)
+                if (n := block.rfind(b"\n")) >= 0 or start == 0:
+                    f.truncate(start + n + 1)  # n = -1: no whole line at all
+                    return
+                end = start
 
     def __iter__(self) -> Iterator[Trajectory]:
         return self.read()

@@ -1,3 +1,4 @@
+# Over 400 lines: a located message per kind of validation error, for every YAML file.
 """YAML config files validated into pydantic models, with every problem at its line.
 
 `load_model` is the whole story for a plain config: the validated model, or a
@@ -76,6 +77,18 @@ def load_model(
     if result is None or file.problems:
         raise ConfigFileError(file.sorted_problems())
     return result
+
+
+def load_yaml(path: str | Path, *, what: str = "file") -> object:
+    """The data of the YAML file at `path`, whatever its top level, read through the same
+    guards as every config (a regular UTF-8 file; no alias bomb, no deep nesting; no key
+    given twice); ConfigFileError naming the line otherwise. For formats that are not
+    agentrl's own (a Terminal-Bench task.yaml, a docker-compose file)."""
+    file = YamlFile(Path(path), what=what)
+    data = file.parse_document()
+    if file.problems:
+        raise ConfigFileError(file.sorted_problems())
+    return data
 
 
 class YamlFile:

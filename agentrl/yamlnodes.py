@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from agentrl.errors import first_line
+
 Loc = tuple[str | int, ...]
 
 
@@ -38,7 +40,7 @@ def compose(text: str) -> tuple[yaml.Node | None, Any]:
         try:
             return node, loader.construct_document(node)
         except (ValueError, OverflowError) as e:
-            raise _refused(None, f"a value cannot be read: {one_line(e)}") from None
+            raise _refused(None, f"a value cannot be read: {first_line(e, typed=True)}") from None
     finally:
         loader.dispose()
 
@@ -103,7 +105,7 @@ def yaml_error(e: yaml.YAMLError, text: str) -> tuple[int, str]:
         return (mark.line + 1 if mark else 1), msg
     if isinstance(e, yaml.reader.ReaderError):
         return text[: e.position].count("\n") + 1, f"{e.reason} (character {e.character!r})"
-    return 1, one_line(e)
+    return 1, first_line(e, typed=True)
 
 
 def find(root: yaml.Node | None, loc: Loc) -> tuple[int, yaml.Node | None]:
@@ -148,9 +150,3 @@ def duplicate_keys(
         for i, item in enumerate(node.value):
             out += duplicate_keys(item, (*loc, i), seen)
     return out
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as `Type: first line`."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -58,7 +58,6 @@ import math
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentrl.backends.fsdp import FSDPConfig
 from agentrl.backends.tinker import TinkerConfig
 from agentrl.dispatch.base import PipelineConfig
+from agentrl.http import free_port
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
@@ -189,9 +189,7 @@ class SimulatedTinkerSampler(TinkerSampler):
 
 def start_tinker(model: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     """`agentrl serve-tinker` on the tiny model, one torch thread, on a free port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(model)]
     cmd += ["--name", "bench-tiny", "--port", str(port), "--state-dir", str(work / "state")]
     env = os.environ | {"OMP_NUM_THREADS": "1", "TINKER_TELEMETRY": "0"}

@@ -62,9 +62,9 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter
 
-from agentrl.agent import Episode
 from agentrl.dispatch import DispatchConfig
 from agentrl.dispatch.metrics import DispatchMetrics
+from agentrl.episode import Episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.sandbox.docker import DockerProvider, remove_run

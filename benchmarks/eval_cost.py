@@ -47,7 +47,7 @@ a process."""
 
 async def measure(target: str, n: int, run_id: str) -> list[float]:
     """Seconds of `env.evaluate` for `n` solved episodes of `target`'s first instance."""
-    from agentrl.runner import make_env
+    from agentrl.episode import make_env
     from agentrl.sandbox.base import ExecRequest
     from agentrl.sandbox.docker import DockerProvider
     from agentrl.tasks.formats import load_any

@@ -39,10 +39,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentrl.agent import Episode  # noqa: E402
 from agentrl.cluster import connect, disconnect, local  # noqa: E402
 from agentrl.cluster.sandboxes import RemoteTaskEnv, SandboxFleet  # noqa: E402
 from agentrl.dispatch import PipelineConfig  # noqa: E402
+from agentrl.episode import Episode  # noqa: E402
 from agentrl.inference.embedded import load_tokenizer  # noqa: E402
 from agentrl.inference.scripted import ScriptedSampler  # noqa: E402
 from agentrl.sandbox.docker import DockerProvider, remove_run  # noqa: E402

@@ -6,7 +6,7 @@ Measures, in one run so the ratios compare like with like on a noisy machine:
 - a command through the persistent bash tool vs one `docker exec` per command
   (the same trivial command, `true`), p50/p95, and their ratio;
 - the same bash round trip on the local provider (no container at all);
-- container start (start + ready) p50; warm-pool hand-out p50;
+- container start (start + ready) and close p50;
 - snapshot (docker commit) and restore (start from the snapshot) p50.
 Writes JSON (default benchmarks/results/sandbox.json) and prints it.
 """
@@ -27,7 +27,6 @@ from typing import Any
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, remove_run
 from agentrl.sandbox.local import LocalProvider
-from agentrl.sandbox.pool import WarmPool
 from agentrl.tools.bash import BashTool
 
 
@@ -92,21 +91,6 @@ async def main(n: int) -> dict[str, Any]:
             closes.append(time.perf_counter() - t1)
         out["container_start"] = stats_ms(starts)
         out["container_close"] = stats_ms(closes)
-
-        pool = WarmPool(docker, spec, size=2)
-        await pool.start()
-        handouts: list[float] = []
-        try:
-            for _ in range(10):
-                while pool.idle < pool.size:  # measure a hand-out from a refilled pool
-                    await asyncio.sleep(0.05)
-                start = time.perf_counter()
-                sandbox = await pool.acquire()
-                handouts.append(time.perf_counter() - start)
-                await sandbox.close()
-        finally:
-            await pool.close()
-        out["warm_pool_acquire"] = stats_ms(handouts)
 
         local = await LocalProvider().start(spec)
         lbash = BashTool()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 
 import httpx2
 
+from agentrl.http import free_port
 from agentrl.inference.base import Sampler, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.local import LocalSampler
@@ -47,9 +47,7 @@ PROMPT = "You are in a Linux shell. Create a file named notes.txt that holds the
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -27,12 +27,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.agent import Episode
+from agentrl.episode import Episode, make_env
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.replay import snapshot_ids
-from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, remove_run
 from agentrl.tasks.formats import load_any

@@ -33,13 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from agentrl.http import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
@@ -65,9 +66,7 @@ def start_tinker(logs: Path) -> tuple[subprocess.Popen[bytes], str]:
     """`agentrl serve-tinker` (the embedded model) on a free loopback port, healthy."""
     import httpx2
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--port", str(port)]
     cmd += ["--state-dir", str(logs / "tinker-state")]
@@ -155,9 +154,7 @@ def start_servers(n: int, logs: Path) -> tuple[list[subprocess.Popen[bytes]], li
     procs, urls = [], []
     logs.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         with (logs / f"serve-{i}.log").open("wb") as log:
             cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--port", str(port)]
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from agentrl.agent import conversation, run_episode
+from agentrl.episode import conversation, run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.base import Sandbox
@@ -153,7 +153,7 @@ def test_a_type_error_inside_a_tool_is_its_bug_not_bad_arguments(
     assert traj.stop_reason == StopReason.aborted and not traj.trainable
     assert traj.reward is None and (traj.error or "").startswith("TypeError: ")
     assert len(traj.turns) == 2 and "bad arguments" not in (traj.error or "")
-    crashed = [r for r in caplog.records if r.name == "agentrl.agent" and r.exc_info]
+    crashed = [r for r in caplog.records if r.name == "agentrl.episode.episode" and r.exc_info]
     assert crashed and "RUN crashed" in crashed[0].getMessage()
 
 

@@ -73,7 +73,7 @@ def test_a_used_folder_is_refused_resumed_or_replaced(tmp_path: Path) -> None:
     assert sorted(ids(out)) == ["farewell_0", "farewell_1", "greet_0", "greet_1"]
     assert len((out / "conversations.jsonl").read_text().splitlines()) == 4
     done = summary(out)
-    assert done["trajectories"] == 4 and done["complete"] is True and done["missing"] == 0
+    assert done["episodes"] == 4 and done["complete"] is True and done["missing"] == 0
 
     other = agentrl("run", TASK, "--policy", f"scripted:{NOOP}", "--out", out, "--resume")
     assert other.returncode == 1 and "Traceback" not in other.stderr
@@ -85,7 +85,7 @@ def test_a_used_folder_is_refused_resumed_or_replaced(tmp_path: Path) -> None:
     assert sorted(ids(out)) == ["farewell_0", "greet_0"]
     lines = (out / "conversations.jsonl").read_text().splitlines()
     assert len(lines) == 2
-    assert summary(out)["trajectories"] == 2 and summary(out)["reward_mean"] == 0.0
+    assert summary(out)["episodes"] == 2 and summary(out)["reward_mean"] == 0.0
     grades = sorted(p.name for p in (out / "trajectories.grades").iterdir())
     assert grades == ["farewell_0.json", "greet_0.json"]
 
@@ -140,7 +140,7 @@ def test_ctrl_c_writes_the_summary_and_resume_finishes_the_run(tmp_path: Path) -
         seen.append(lines.get())
     stopped = summary(out)
     assert stopped["complete"] is False and stopped["missing"] == 1
-    assert stopped["trajectories"] == 1 and len(ids(out)) == 1
+    assert stopped["episodes"] == 1 and len(ids(out)) == 1
     told = "".join(seen)
     assert f"1 of 2 episodes are recorded in {out}" in told
     assert "the same command with --resume runs the other 1" in told
@@ -149,7 +149,7 @@ def test_ctrl_c_writes_the_summary_and_resume_finishes_the_run(tmp_path: Path) -
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(ids(out)) == ["farewell_0", "greet_0"]
     done = summary(out)
-    assert done["complete"] is True and done["trajectories"] == 2 and done["missing"] == 0
+    assert done["complete"] is True and done["episodes"] == 2 and done["missing"] == 0
     assert done["seconds"] > stopped["seconds"]
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from agentrl.agent import open_chat
 from agentrl.chat import ChatSession
 from agentrl.cli import main
+from agentrl.episode import open_chat
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.inference.embedded import model_dir
 from agentrl.preflight import _could_overflow, check_prompts

@@ -26,9 +26,10 @@ from agentrl.algorithms import branch_credit, compute_advantages, policy_loss
 from agentrl.backends.base import samples_from
 from agentrl.backends.config import FSDPConfig
 from agentrl.dispatch import PipelineConfig
+from agentrl.dispatch.stream import progress_bars
+from agentrl.episode import make_env
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
-from agentrl.runner import make_env, progress_bars
 from agentrl.sandbox.local import LocalProvider, snapshots_dir
 from agentrl.tasks.env import EpisodeEnv
 from agentrl.tasks.load import load_task

@@ -33,6 +33,7 @@ from agentrl.chat_formats import (
     FAMILIES,
     assistant_message,
     family,
+    harmony_call,
     observation_message,
     template_tools,
 )
@@ -395,6 +396,23 @@ def test_a_harmony_reply_becomes_the_message_its_template_takes() -> None:
     # Cut off by the length limit inside the analysis channel: reasoning, no answer yet.
     cut = assistant_message("harmony", "<|channel|>analysis<|message|>Let me th")
     assert cut == {"role": "assistant", "content": "", "thinking": "Let me th"}
+
+
+def test_a_harmony_call_is_parsed_once_and_a_broken_one_kept_as_sampled() -> None:
+    """One parser for rendering and acting: a body that is not JSON stays text (the
+    template writes it back as sampled) and says why (the model is told)."""
+    broken = "<|channel|>commentary to=functions.bash <|constrain|>json<|message|> {oops}<|call|>"
+    call = harmony_call(broken)
+    assert call is not None and call.name == "bash" and call.arguments == " {oops}"
+    assert call.error == (
+        "the call's <|message|> is not valid JSON "
+        "(Expecting property name enclosed in double quotes at character 1)"
+    )
+    function = assistant_message("harmony", broken)["tool_calls"][0]["function"]
+    assert function == {"name": "bash", "arguments": " {oops}"}
+    empty = harmony_call("<|channel|>commentary to=functions.finish<|message|><|call|>")
+    assert empty is not None and (empty.arguments, empty.error) == ({}, None)
+    assert harmony_call("<|channel|>final<|message|>Use to=functions.bash next time.") is None
 
 
 def test_observations_take_each_familys_role() -> None:

@@ -26,7 +26,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from agentrl.algorithms import LossConfig
 from agentrl.backends.base import Sample
 from agentrl.backends.fsdp import FSDPBackend, FSDPConfig
-from agentrl.backends.lora import LoraSpec
 from agentrl.errors import ConfigError
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.checkpoints import (
@@ -44,6 +43,7 @@ from agentrl.inference.config import (
 from agentrl.inference.embedded import load_model, load_tokenizer, model_tokenizer
 from agentrl.inference.local import LocalSampler
 from agentrl.inference.serve import serve
+from agentrl.weights.config import LoraSpec
 
 CE = LossConfig(type="cross_entropy")
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.agent import Episode
 from agentrl.cluster import local
 from agentrl.dispatch import PipelineConfig
+from agentrl.episode import Episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.docker import DockerProvider
@@ -432,11 +432,9 @@ def test_a_training_step_with_sandboxes_samplers_and_a_trainer_rank_on_the_clust
 
 
 def test_an_unreachable_cluster_is_one_clear_error(tmp_path: Path) -> None:
-    import socket
+    from agentrl.http import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there
+    port = free_port()  # nothing listens there
     config = tmp_path / "train.yaml"
     config.write_text(
         (TRAIN / "train.yaml")

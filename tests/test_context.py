@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrl.agent import conversation, run_episode
 from agentrl.cli import main
+from agentrl.episode import conversation, run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.sandbox.local import LocalProvider

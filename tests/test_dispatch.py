@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from agentrl.agent import Episode
 from agentrl.dispatch import DispatchConfig, PipelineConfig
+from agentrl.episode import Episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.sandbox.docker import RUN, DockerProvider

@@ -29,7 +29,6 @@ from transformers import LlamaForCausalLM
 from agentrl.algorithms import LossConfig
 from agentrl.backends import latest_checkpoint, samples_from
 from agentrl.backends.base import Sample
-from agentrl.backends.checkpoint import PAUSE_ENV
 from agentrl.backends.fsdp import FSDPBackend, FSDPConfig, token_logprobs
 from agentrl.backends.process_group import init_loopback_group
 from agentrl.errors import ConfigError
@@ -37,6 +36,7 @@ from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_model, load_tokenizer
 from agentrl.inference.local import LocalSampler
 from agentrl.trajectory import StopReason, Trajectory
+from agentrl.weights.checkpoint import PAUSE_ENV
 
 PPO = LossConfig(type="ppo")
 SMOLLM2_VOCAB = 49152  # the tiny model shares it, without needing the embedded model

@@ -30,14 +30,14 @@ from test_fsdp_backend import (
 from transformers import LlamaForCausalLM
 
 from agentrl.algorithms import LossConfig
-from agentrl.backends import lora
 from agentrl.backends.fsdp import FSDPBackend, FSDPConfig
-from agentrl.backends.lora import LoraSpec
 from agentrl.backends.process_group import init_loopback_group
 from agentrl.errors import ConfigError
 from agentrl.inference.base import SamplingParams
 from agentrl.inference.embedded import load_model
 from agentrl.inference.local import LocalSampler
+from agentrl.weights import lora
+from agentrl.weights.config import LoraSpec
 
 PPO = LossConfig(type="ppo")
 CE = LossConfig(type="cross_entropy")
@@ -136,7 +136,7 @@ def test_the_tied_embedding_stays_put_when_lm_head_is_adapted(
 
     # A sampler whose model cannot be seen (a server) is warned that it must not tie them.
     remote = Collect()
-    with caplog.at_level(logging.WARNING, logger="agentrl.backends.lora"):
+    with caplog.at_level(logging.WARNING, logger="agentrl.weights.lora"):
         assert backend.publish(remote) == 1
     assert "tied input embedding" in caplog.text
     sampler = tiny_sampler(tiny_dir, untied=True)

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.agent import run_episode
+from agentrl.episode import make_env, run_episode
 from agentrl.gateway import server
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
 from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
@@ -87,7 +86,7 @@ def harness(monkeypatch: pytest.MonkeyPatch):
 
 def play(task: Task, tokenizer, sampler, *, close: bool = False) -> Trajectory:
     async def main() -> Trajectory:
-        env = TaskEnv(task, DockerProvider(), RUN_ID)
+        env = make_env(task, DockerProvider(), RUN_ID)  # its sandboxes mount the gateway
         try:
             return await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
         finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.runner import make_env
+from agentrl.episode import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.docker.engine import RUN

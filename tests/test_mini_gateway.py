@@ -23,11 +23,10 @@ from build_swe_images import build, rows
 from test_gateway import Recording, unexplained
 
 from agentrl import corpus
-from agentrl.agent import run_episode
+from agentrl.episode import make_env, run_episode
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.tasks.env import TaskEnv
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
 from agentrl.trajectory import StopReason, Trajectory, TrajectoryStore
@@ -57,7 +56,7 @@ def play(replies: list[str]) -> tuple[Trajectory, Recording]:
     sampler = Recording(ScriptedSampler(replies, tokenizer))
 
     async def main() -> Trajectory:
-        env = TaskEnv(task, DockerProvider(), RUN_ID)
+        env = make_env(task, DockerProvider(), RUN_ID)  # its sandboxes mount the gateway
         return await run_episode(task, task.instances[0], 0, sampler, tokenizer, env)
 
     return asyncio.run(main()), sampler

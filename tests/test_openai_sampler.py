@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from agentrl.errors import SamplerError
+from agentrl.http import free_port
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.config import parse_policy
 from agentrl.inference.embedded import EMBEDDED_NAME, load_tokenizer
@@ -477,12 +477,6 @@ def test_unusable_answers_are_errors_not_retried(
     with pytest.raises(SamplerError, match=re.escape(complaint)):
         generate(sampler)
     assert sampler.stats.retries == 0 and script.posts == 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dead_port_is_retried_then_names_the_url() -> None:

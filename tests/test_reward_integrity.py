@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrl.episode import make_env
 from agentrl.errors import GraderError
-from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import docker_client

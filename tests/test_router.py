@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import yaml
 from transformers import LlamaForCausalLM
 
 from agentrl.errors import ConfigError, SamplerError
+from agentrl.http import free_port
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.local import LocalSampler
@@ -41,17 +41,11 @@ from agentrl.inference.router import Router
 pytestmark = pytest.mark.model
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """One `agentrl serve --model MODEL` process."""
 
     def __init__(self, log: Path, model: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.model = model
@@ -360,7 +354,7 @@ def test_bad_router_input_fails_clearly() -> None:
         Router(["127.0.0.1:1", "http://127.0.0.1:1/v1"])
     with pytest.raises(ConfigError, match="pause mode"):
         Router(["127.0.0.1:1"], pause_mode="later")  # type: ignore[arg-type]
-    router = Router([f"http://127.0.0.1:{_free_port()}"], health_interval=60)  # nobody there
+    router = Router([f"http://127.0.0.1:{free_port()}"], health_interval=60)  # nobody there
     try:
         with pytest.raises(SamplerError, match="no replica can serve"):
             _gather(router, ([1, 2, 3], SamplingParams(max_tokens=2), "s"))

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agentrl import replay
-from agentrl.agent import conversation, run_episode
 from agentrl.algorithms import LossConfig, compute_advantages
 from agentrl.backends.base import Sample, samples_from
+from agentrl.episode import conversation, make_env, run_episode
 from agentrl.errors import TrajectoryError
 from agentrl.inference.base import Completion, SamplingParams
 from agentrl.inference.embedded import model_tokenizer
 from agentrl.inference.local import LocalSampler
-from agentrl.runner import make_env, run_task
+from agentrl.runner import run_task
 from agentrl.sandbox.local import LocalProvider
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import SnapshotPolicy, Task
@@ -278,7 +278,7 @@ def test_each_segment_begins_with_the_templates_rendering_and_keeps_sampled_ids(
 
 def test_fsdp_scores_every_segment_as_the_sampler_did(run: Run, model_dir: Path) -> None:
     from agentrl.backends.fsdp import FSDPConfig
-    from agentrl.backends.lora import LoraSpec
+    from agentrl.weights.config import LoraSpec
 
     samples = samples_from(run.trajs, {t.trajectory_id: 1.0 for t in run.trajs})
     assert [(s.trajectory_id, s.segment) for s in samples] == sampled_ledgers(run.trajs)

@@ -25,7 +25,7 @@ from swe_fixtures import write_rows as _write
 
 from agentrl import corpus
 from agentrl.check import check_task
-from agentrl.runner import make_env
+from agentrl.episode import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.evidence import Grade

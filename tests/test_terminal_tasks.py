@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from conftest import labelled_containers
 
+from agentrl.episode import make_env
 from agentrl.errors import GraderError, SandboxError
-from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.sandbox.images import build_recipe, docker_client, folder_hash
@@ -552,7 +552,7 @@ def test_a_service_the_agent_left_running_answers_the_grader(run_id: str) -> Non
     service lives on through EVAL (the tools stop without killing what they started), and
     the grading copy reaches it over the agent's loopback: reward 1. A policy that never
     starts it gets 0."""
-    from agentrl.agent import run_episode
+    from agentrl.episode import run_episode
     from agentrl.inference.embedded import load_tokenizer
     from agentrl.inference.scripted import ScriptedSampler
 

@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from agentrl.backends.checkpoint import PAUSE_ENV
 from agentrl.errors import ConfigError
+from agentrl.scores import mean_interval
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.load import load_task
 from agentrl.train import Trainer
 from agentrl.train.data import data_order, run_temperature, split
-from agentrl.train.records import mean_interval
 from agentrl.train_config import load_train_config
 from agentrl.trajectory import TrajectoryStore
+from agentrl.weights.checkpoint import PAUSE_ENV
 from agentrl.yamlfile import ConfigFileError
 
 DATA = Path(__file__).parent / "data" / "train"
@@ -262,15 +262,12 @@ def test_torchrun_ranks_follow_rank_0_and_train_on_its_whole_batch(
     prompt: the step has a reward spread to train on but once in 16,384 runs.)"""
     text = tiny_config.read_text().replace("n_samples_per_prompt: 4", "n_samples_per_prompt: 8")
     tiny_config.write_text(text)
-    import socket
-
     from agentrl.algorithms import compute_advantages
     from agentrl.backends.base import samples_from
+    from agentrl.http import free_port
 
     out = tmp_path / "run"
-    with socket.socket() as s:  # a free loopback port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the rendezvous
     proc = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",

@@ -409,7 +409,7 @@ def test_a_page_closed_mid_request_is_a_log_line_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ):
     write(tmp_path / "trajectories.jsonl", episode("a_0"))
-    caplog.set_level(logging.DEBUG, logger="agentrl.inference.httpd")
+    caplog.set_level(logging.DEBUG, logger="agentrl.http")
     with ViewServer(RunFolder(tmp_path)) as server:
         host, port = server.url.removeprefix("http://").rstrip("/").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:

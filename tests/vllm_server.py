@@ -15,13 +15,14 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
+
+from agentrl.http import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "serving.md"
@@ -71,12 +72,6 @@ def with_flag(argv: list[str], name: str, value: str) -> list[str]:
     out = list(argv)
     out[out.index(name) + 1] = value
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vllm_python() -> Path:

@@ -7,6 +7,6 @@ imports its implementation lazily, so that `import agentrl.backends` loads no to
 from __future__ import annotations
 
 from agentrl.backends.base import Sample, TrainerBackend, WeightSink, samples_from
-from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl.weights.checkpoint import latest_checkpoint
 
 __all__ = ["Sample", "TrainerBackend", "WeightSink", "latest_checkpoint", "samples_from"]

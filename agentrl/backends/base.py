@@ -8,7 +8,7 @@ episode is several samples with one advantage; each is a sequence for the loss's
 seq-mean aggregations. With turn-level credit (the branch estimator) each sampled token
 carries its turn's advantage (`token_advantages`), and a continuation's sample trains
 only the tokens it sampled itself: its inherited prefix is the parent's, trained once.
-The checkpoint layout every backend shares lives in `agentrl.backends.checkpoint`.
+The checkpoint layout every backend shares lives in `agentrl.weights.checkpoint`.
 """
 
 from __future__ import annotations
@@ -211,29 +211,20 @@ class WeightSink(Protocol):
 
 
 class TrainerBackend(Protocol):
-    """Turns samples into gradients and optimizer steps; publishes weights to samplers.
-
-    `forward_backward` may be called several times before `optim_step`: gradients add up,
-    and each call's loss is normalised by its own batch's token and sequence counts.
-    """
+    """Turns samples into an optimizer step; publishes weights to samplers. What the
+    train loop calls, and nothing else: each backend builds `train_step` from its own
+    forward_backward and optim_step (FSDP: gradients accumulate over calls, each call's
+    loss normalised by its own batch's token and sequence counts; Tinker: both submitted
+    before waiting for either)."""
 
     @property
     def step(self) -> int:
         """Optimizer steps done."""
         ...
 
-    def forward_backward(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
-        """Accumulate gradients of `loss` over `samples`; returns loss and metrics, among
-        them `logprob_mismatch` (mean |learner - sampler| logprob over sampled tokens)."""
-        ...
-
-    def optim_step(self) -> dict[str, float]:
-        """Clip, step, advance the LR schedule, zero gradients; returns grad_norm and lr."""
-        ...
-
     def train_step(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
-        """forward_backward then optim_step, their metrics merged; a remote backend submits
-        both before waiting for either."""
+        """One update from `samples`: loss and metrics (among them `logprob_mismatch`, the
+        mean |learner - sampler| logprob over sampled tokens), grad_norm and lr."""
         ...
 
     def save_checkpoint(

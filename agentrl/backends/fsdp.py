@@ -8,10 +8,10 @@ gradient of that sum. Ranks run the same number of micro-batches (FSDP's all-gat
 are collective), padding with an empty one where a rank has fewer.
 
 Process groups come from `agentrl.backends.process_group` (torchrun's, or a world of one
-on loopback); checkpoints use the shared atomic layout of `agentrl.backends.checkpoint`.
+on loopback); checkpoints use the shared atomic layout of `agentrl.weights.checkpoint`.
 
 With `lora` set, the base weights are frozen and only the adapters of
-`agentrl.backends.lora` train (and are checkpointed); `publish` merges them into plain
+`agentrl.weights.lora` train (and are checkpointed); `publish` merges them into plain
 weights, and the reference policy is the base model, computed with the adapters off.
 """
 
@@ -43,11 +43,12 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from agentrl.algorithms import LossConfig, policy_loss
-from agentrl.backends import base, checkpoint, lora
+from agentrl.backends import base
 from agentrl.backends.base import Sample, WeightSink
 from agentrl.backends.config import FSDPConfig
 from agentrl.backends.process_group import join_process_group, leave_process_group
 from agentrl.errors import ConfigError
+from agentrl.weights import checkpoint, lora
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backends import base, checkpoint
+from agentrl.backends import base
 from agentrl.backends.base import Sample, WeightSink
 from agentrl.backends.config import TinkerConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, first_line
+from agentrl.weights import checkpoint
 
 if TYPE_CHECKING:
     import tinker
@@ -178,7 +179,7 @@ class TinkerBackend:
         try:
             return future.result(timeout=self.config.timeout)
         except tinker.TinkerError as e:
-            raise ConfigError(f"tinker: {what} failed: {_one_line(e)}") from e
+            raise ConfigError(f"tinker: {what} failed: {first_line(e)}") from e
         except TimeoutError as e:
             raise ConfigError(
                 f"tinker: {what} took more than {self.config.timeout:.0f} s",
@@ -317,13 +318,8 @@ class TinkerBackend:
         try:
             self.service.close("success").result(timeout=30)
         except Exception as e:  # a dead service must not hide the error that ended the run
-            log.warning("tinker: closing the session failed: %s", _one_line(e))
+            log.warning("tinker: closing the session failed: %s", first_line(e))
 
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError("this tinker backend is closed", fix="build a new backend")
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

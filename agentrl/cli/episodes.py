@@ -1,3 +1,4 @@
+# Over 400 lines: the commands on episodes (run, check, replay, failures, gc) share their printing.
 """`agentrl run`, `check`, `replay`, `failures` and `view`: episodes of tasks, and what they
 left."""
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from agentrl.batch import finite
 from agentrl.cli.output import console, err_console, human_bytes, tag
 from agentrl.errors import ConfigError
 
@@ -32,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.dispatch import DispatchConfig
     from agentrl.inference.config import parse_policy
     from agentrl.inference.embedded import model_tokenizer
-    from agentrl.runner import run_spec, run_task, select_instances, with_overrides
+    from agentrl.runner import run_spec, run_task
     from agentrl.sandbox import provider
     from agentrl.tasks.formats import load_any
+    from agentrl.tasks.select import select_instances, with_overrides
 
     task = select_instances(load_any(args.task), instance_ids(args.instances))
     overrides = limit_overrides(args)
@@ -81,16 +84,18 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"agentrl run {task.spec.name} -> {out}")
     table.add_column("metric")
     table.add_column("value")
-    infra_keys = ("infra_failures", "first_infra_error", "first_infra_fix")
-    for key, value in summary.model_dump(exclude={*infra_keys, "complete", "missing"}).items():
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+    infra_keys = ("infra_failures", "infra_error", "infra_fix")
+    for key, value in finite(
+        summary.model_dump(exclude={*infra_keys, "complete", "missing"})
+    ).items():
+        shown = f"{value:.3f}" if isinstance(value, float) else "-" if value is None else str(value)
         table.add_row(key, shown, style="dim" if value is None else None)
     console.print(table)
     _print_first_conversation(out / "conversations.jsonl")
     console.print(
         f"trajectories: {out / 'trajectories.jsonl'}  conversations: {out / 'conversations.jsonl'}"
     )
-    failed, total = summary.infra_failures, summary.trajectories
+    failed, total = summary.infra_failures, summary.episodes
     if failed:  # apart from the rewards: these episodes were not graded, and never trained on
         err_console.print(
             tag(
@@ -100,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
                 f"see `agentrl failures {out}`",
             )
         )
-        err_console.print(f"first: {summary.first_infra_error}")
-        if summary.first_infra_fix:
-            err_console.print(f"fix: {summary.first_infra_fix}")
+        err_console.print(f"first: {summary.infra_error}")
+        if summary.infra_fix:
+            err_console.print(f"fix: {summary.infra_fix}")
     return 1 if total and failed == total else 0
 
 
@@ -141,9 +146,9 @@ def _how_to_continue(out: Path, *, given: bool) -> None:
     if summary.complete:
         return
     flags = "--resume" if given else f"--out {out} --resume"
-    asked = summary.trajectories + summary.missing
+    asked = summary.episodes + summary.missing
     err_console.print(
-        f"{summary.trajectories} of {asked} episodes are recorded in {out} (summary.json "
+        f"{summary.episodes} of {asked} episodes are recorded in {out} (summary.json "
         f"marked incomplete); the same command with {flags} runs the other {summary.missing}"
     )
 
@@ -184,8 +189,8 @@ def _print_first_conversation(path: Path, chars: int = 400) -> None:
 
 
 def check(args: argparse.Namespace) -> int:
+    from agentrl.atomic import write_text
     from agentrl.check import check_paths
-    from agentrl.runner import write_atomic
     from agentrl.sandbox import provider
 
     with console.status("running each instance's reference solution and a no-op..."):
@@ -225,7 +230,7 @@ def check(args: argparse.Namespace) -> int:
     if args.json:
         data = json.dumps([r.model_dump() for r in rows], indent=2) + "\n"
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.json, data)
+        write_text(args.json, data)
     return 1 if bad or not rows else 0
 
 
@@ -237,7 +242,7 @@ def _reward(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def _one_line(text: str) -> None:
+def _print_clipped(text: str) -> None:
     """`text` cut to the terminal's width (with an ellipsis), never wrapped."""
     console.print(text, no_wrap=True, overflow="ellipsis", soft_wrap=False)
 
@@ -280,11 +285,11 @@ def _print_check_failure(row: CheckRow, fixed: dict[str, str]) -> None:
         if o.error:  # wrapped, not cut at the edge: its detail (a path, a key) is the point
             _indented(f"{what}:", text, most=None if o.excerpt and not o.log else ERROR_LINES)
         else:
-            _one_line(f"    {what}: {text}")
+            _print_clipped(f"    {what}: {text}")
     for o in (row.oracle, row.noop):
         if o.log:
             for text in o.excerpt:
-                _one_line(f"    | {text}")
+                _print_clipped(f"    | {text}")
             console.print(f"    whole log: {o.log}")  # never cut: it is for copying
     if row.fix in fixed:
         console.print(f"    fix: as for {fixed[row.fix]} above")
@@ -341,7 +346,7 @@ def _print_replay(report: ReplayReport) -> int:
         console.print(tag("note:", "yellow", f"turn {d.turn} differs only in {kinds}; replayed on"))
         changed = [ln for ln in d.diff.splitlines()[2:] if ln[:1] in "+-"]
         for line in changed[:6]:
-            _one_line(f"    {line}")
+            _print_clipped(f"    {line}")
     if report.grade_error is not None:
         graded = f"re-grading failed: {report.grade_error}"
     else:
@@ -409,7 +414,7 @@ def failures(args: argparse.Namespace) -> int:
     failed = [t for g in groups for t in g.trajectories]
     kept = replay.snapshot_ids(failed)
     if kept:
-        from agentrl.runner import read_run_info
+        from agentrl.run_info import read_run_info
         from agentrl.sandbox import provider
 
         sandboxes = provider(read_run_info(args.run_dir).provider)

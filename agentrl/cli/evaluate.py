@@ -103,8 +103,8 @@ def evaluate(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> list[Task]:
     """The tasks, their instances selected, limits and temperature overridden; two tasks
     may not share a name or an instance id (an attempt's trajectory id would be ambiguous)."""
-    from agentrl.runner import select_instances, with_overrides
     from agentrl.tasks.formats import load_any
+    from agentrl.tasks.select import select_instances, with_overrides
 
     ids = instance_ids(args.instances)
     tasks = [load_any(p) for p in args.tasks]
@@ -269,8 +269,8 @@ def _print_instances(scores: Scores) -> None:
 
 
 def compare(a: Path, b: Path, json_out: Path | None) -> int:
+    from agentrl.atomic import write_text
     from agentrl.evaluation import results_of
-    from agentrl.runner import write_atomic
     from agentrl.scores import compare as paired
 
     name_a, scores_a = results_of(a)
@@ -279,7 +279,7 @@ def compare(a: Path, b: Path, json_out: Path | None) -> int:
     _print_comparison(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(json_out, result.model_dump_json(indent=2) + "\n")
+        write_text(json_out, result.model_dump_json(indent=2) + "\n")
     if not result.instances:
         raise ConfigError(
             f"{a} and {b} share no graded instance",

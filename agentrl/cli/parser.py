@@ -60,6 +60,10 @@ POLICY_HELP = (
     "folder, or a train run's folder or checkpoint (its newest checkpoint, served in-process)"
 )
 
+PROVIDER_HELP = (
+    "sandbox provider: docker, local (no isolation), or module:Class (a provider of your own)"
+)
+
 
 MODEL_HELP = (
     "the model folder whose tokenizer and chat template the policy's replies are in "
@@ -72,7 +76,7 @@ def _episode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="local", help=POLICY_HELP)
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--instances", help="only these instances (comma-separated ids)")
-    p.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    p.add_argument("--provider", default="docker", help=PROVIDER_HELP)
     p.add_argument("--concurrency", type=_at_least(1), default=4, help="generation slots")
     p.add_argument(
         "--dispatcher",
@@ -178,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("paths", nargs="+", type=Path, help="task files, task folders, row files")
     ck.add_argument("--instances", help="only these instances (comma-separated ids)")
     ck.add_argument("--json", type=Path, help="also write the table as JSON here")
-    ck.add_argument("--provider", default="docker", help="sandbox provider: docker or local")
+    ck.add_argument("--provider", default="docker", help=PROVIDER_HELP)
     ck.add_argument("--concurrency", type=_at_least(1), default=2, help="instances at once")
     ck.set_defaults(func=episodes.check)
 

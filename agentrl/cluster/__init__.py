@@ -38,7 +38,7 @@ def connect(address: str, namespace: str = "agentrl") -> None:
         )
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterError(
-            f"cannot join the Ray cluster at {address}: {first_line(e)[:200]}",
+            f"cannot join the Ray cluster at {address}: {first_line(e, limit=200)}",
             fix="start it (agentrl cluster up, or ray start --head) and check cluster.address",
         ) from e
     log.info("joined the Ray cluster at %s", address)

@@ -30,7 +30,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl import atomic
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.http import free_ports
 from agentrl.sandbox.procs import pid_alive
 
 log = logging.getLogger(__name__)
@@ -96,25 +98,7 @@ def load_state(folder: Path | None = None) -> ClusterState | None:
 
 def _save(folder: Path, state: ClusterState) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = _state_file(folder).with_suffix(".tmp")
-    tmp.write_text(state.model_dump_json(indent=2))
-    tmp.replace(_state_file(folder))
-
-
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct ports free on loopback now (a node binds them a moment later)."""
-    socks: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+    atomic.write_text(_state_file(folder), state.model_dump_json(indent=2))
 
 
 def _ray() -> str:
@@ -177,7 +161,7 @@ def _command(node: Node, address: str) -> list[str]:
 
 def _launch(folder: Path, node: Node, address: str, taken: list[int]) -> Node:
     names = list(PORT_NAMES) + (["ray-client-server-port"] if node.head else [])
-    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    ports = dict(zip(names, free_ports(len(names), HOST), strict=True))
     ports["min-worker-port"] = _worker_range(node, taken)
     node = node.model_copy(update={"ports": ports, "log": str(folder / f"{node.name}.log")})
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
@@ -231,7 +215,7 @@ def up(
     if state is None or not alive(state.node("head").pid):
         if state is not None:
             down(folder)
-        (gcs,) = _free_ports(1)
+        (gcs,) = free_ports(1, HOST)
         head = Node(name="head", head=True, sandboxes=head_sandboxes, cpus=cpus)
         state = ClusterState(address=f"{HOST}:{gcs}", nodes=[head])
         state.nodes[0] = _launch(folder, head, state.address, [])

@@ -71,7 +71,7 @@ class _Worker:
             raise SandboxError(f"node {self.node}: {method} failed: {e}") from None
         except RayActorError as e:  # the actor died: its node (or process) is gone
             self.dead = True
-            why = first_line(e)[:160]
+            why = first_line(e, limit=160)
             raise SandboxLost(f"sandbox node {self.node} is gone ({why})") from None
 
 
@@ -275,6 +275,10 @@ class RemoteTaskEnv:
     @property
     def provider_name(self) -> str:
         return "docker"
+
+    @property
+    def can_snapshot(self) -> bool:
+        return True  # the nodes' Docker commits
 
     def tools(self) -> dict[str, Tool]:
         return {t.name: t for t in self._schemas}

@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster.local import ClusterError
 from agentrl.errors import first_line
+from agentrl.http import free_port
 
 if TYPE_CHECKING:
     from agentrl.backends.fsdp import FSDPConfig
@@ -100,7 +100,7 @@ class TrainerGroup:
                 "cluster.trainer.ranks",
             )
         address = cfg.master_address or ray.util.get_node_ip_address()
-        port = _free_port(address)
+        port = free_port(address if address.startswith("127.") else "")
         self.env = rank_env(0, self.world, address, port)
         remote = ray.remote(FollowerRank)
         for rank in range(1, self.world):
@@ -134,9 +134,3 @@ class TrainerGroup:
             with contextlib.suppress(Exception):
                 remove_placement_group(self.placement)
             self.placement = None
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address if address.startswith("127.") else "", 0))
-        return int(s.getsockname()[1])

@@ -54,7 +54,8 @@ class _NodeProvider:
     """The node's DockerProvider, stamping the node's name on every sandbox it starts."""
 
     def __init__(self, inner: SandboxProvider, node: str) -> None:
-        self.inner, self.node, self.name = inner, node, inner.name
+        self.inner, self.node = inner, node
+        self.name, self.capabilities = inner.name, inner.capabilities
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         return await self.inner.start(spec.model_copy(update={"node": self.node}))
@@ -67,6 +68,9 @@ class _NodeProvider:
 
     async def remove_snapshot(self, snapshot_id: str) -> int:
         return await self.inner.remove_snapshot(snapshot_id)
+
+    def end_run(self, run_id: str) -> None:
+        self.inner.end_run(run_id)
 
 
 @dataclass
@@ -96,11 +100,11 @@ class SandboxWorker:
         )
 
     def _env(self, task: Task) -> TaskEnv:
-        from agentrl.runner import make_env
+        from agentrl.episode import make_env
 
         key = (str(task.path), task.hash)
         if key not in self._envs:
-            self._envs[key] = make_env(task, self.provider, self.run_id)  # type: ignore[arg-type]
+            self._envs[key] = make_env(task, self.provider, self.run_id)
         return self._envs[key]
 
     def _take(self, sandbox_id: str) -> _Held:

@@ -1,6 +1,6 @@
 """The dispatcher seam: episodes in, trajectories out as they finish.
 
-A dispatcher schedules the stages of `agentrl.agent.Episode` (INIT, RUN, EVAL) and
+A dispatcher schedules the stages of `agentrl.episode.Episode` (INIT, RUN, EVAL) and
 decides what a trajectory holds while the sampler works for it (the gate). Configs
 carry a `type` discriminator and build their dispatcher lazily.
 """
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode
     from agentrl.dispatch.core import Feed
     from agentrl.dispatch.metrics import DispatchMetrics
+    from agentrl.episode import Episode
     from agentrl.trajectory import Trajectory
 
 

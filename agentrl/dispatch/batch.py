@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode
     from agentrl.dispatch.base import BatchConfig
     from agentrl.dispatch.metrics import DispatchMetrics
+    from agentrl.episode import Episode
     from agentrl.trajectory import Trajectory
 
 

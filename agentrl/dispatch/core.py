@@ -25,8 +25,9 @@ from agentrl.dispatch.metrics import DispatchMetrics, EpisodeTiming, Recorder, s
 from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode, Gate
     from agentrl.dispatch.base import _StageLimits
+    from agentrl.episode import Episode
+    from agentrl.play import Gate
 
 
 class Feed:

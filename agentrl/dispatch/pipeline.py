@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode, Gate
     from agentrl.dispatch.base import PipelineConfig
     from agentrl.dispatch.metrics import DispatchMetrics
+    from agentrl.episode import Episode
+    from agentrl.play import Gate
     from agentrl.trajectory import Trajectory
 
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from agentrl.dispatch.core import Feed, Run
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode
     from agentrl.dispatch.base import SyncConfig
     from agentrl.dispatch.metrics import DispatchMetrics
+    from agentrl.episode import Episode
     from agentrl.trajectory import Trajectory
 
 

@@ -1,3 +1,4 @@
+# Over 400 lines: one session's ledgers and the calls that extend them change together.
 """The recorder: one episode's gateway session, turning an external harness's calls
 (messages in, messages out) into the token-exact ledger native episodes keep.
 
@@ -44,14 +45,14 @@ from agentrl.chat import ChatSegment, ChatSession
 from agentrl.chat_formats import assistant_message, observation_message
 from agentrl.errors import AgentRLError, SamplerError
 from agentrl.gateway import wire
+from agentrl.http import HTTPError
 from agentrl.inference.base import Completion, SamplingParams
-from agentrl.inference.httpd import HTTPError
 from agentrl.sandbox.base import ExecRequest, Sandbox
 from agentrl.toolcall import split_tool_calls
 from agentrl.trajectory import StopReason, ToolCall, Turn
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode, Gate
+    from agentrl.play import Play
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ APIError that mini-swe-agent retries for minutes; a 404 no client retries."""
 class Recorder:
     """One episode's session (see module docstring). Calls are taken one at a time."""
 
-    def __init__(self, episode: Episode, gate: Gate, model: str) -> None:
-        self.episode, self.gate, self.model = episode, gate, model
+    def __init__(self, play: Play, model: str) -> None:
+        self.play, self.model = play, model
         self.loop = asyncio.get_running_loop()
         self.chat: ChatSession | None = None
         self.text: _TextLedger | None = None
@@ -87,7 +88,7 @@ class Recorder:
     # -- the ledger, as the trajectory records it ---------------------------------------
 
     @property
-    def segments(self) -> list[ChatSegment]:
+    def all_segments(self) -> list[ChatSegment]:
         current = self.chat.all_segments if self.chat else self.text.segments if self.text else []
         return [*self.done, *current]
 
@@ -112,11 +113,11 @@ class Recorder:
                 )
                 turn.action = text
                 turn.span = (turn.span[0], len(chat.response_ids))
-                self.episode.turns.append(turn)
+                self.play.turns.append(turn)
                 self._finish(completion, prompt)
                 shown = _without_stop(text, request.stops)  # the task's own stay in
                 content, calls = split_tool_calls(shown) if request.wants_tools else (shown, [])
-                ids = [f"call_{len(self.episode.turns)}_{i}" for i in range(len(calls))]
+                ids = [f"call_{len(self.play.turns)}_{i}" for i in range(len(calls))]
                 self.call_tools.update(
                     {cid: call.name for cid, call in zip(ids, calls, strict=True)}
                 )
@@ -129,7 +130,7 @@ class Recorder:
                 logprobs = self._logprobs(completion) if request.logprobs else None
                 usage = wire.usage(prompt, len(completion.token_ids))
                 return wire.chat_body(
-                    f"chatcmpl-{self.episode.trajectory_id}-{self.calls}",
+                    f"chatcmpl-{self.play.trajectory_id}-{self.calls}",
                     request.model or self.model,
                     reply,
                     finish,
@@ -147,7 +148,7 @@ class Recorder:
                     self.chat = None
                     self.edits += 1
                 if self.text is None:
-                    self.text = _TextLedger(self.episode.chat, len(self.done) > 0)
+                    self.text = _TextLedger(self.play.chat, len(self.done) > 0)
                 self.edits += self.text.prompt(request.prompt)
                 ledger = self.text
                 params = self._params(
@@ -158,12 +159,12 @@ class Recorder:
                 text = ledger.sampled(completion)
                 turn.action = text
                 turn.span = (turn.span[0], len(ledger.current.response_ids))
-                self.episode.turns.append(turn)
+                self.play.turns.append(turn)
                 self._finish(completion, prompt)
                 await self._settle()
                 usage = wire.usage(prompt, len(completion.token_ids))
                 return wire.completion_body(
-                    f"cmpl-{self.episode.trajectory_id}-{self.calls}",
+                    f"cmpl-{self.play.trajectory_id}-{self.calls}",
                     request.model or self.model,
                     _without_stop(_without_eos(text, completion, ledger.eos_text), request.stops),
                     _finish_reason(completion),
@@ -173,21 +174,21 @@ class Recorder:
     async def exec(self, request: wire.ExecRequest) -> dict[str, Any]:
         """A command in the episode's sandbox, for a harness beside it; it counts as the
         last turn's tool time."""
-        sandbox = self.episode.sandbox
-        if self.over.is_set() or sandbox is None:
+        sandbox = self.play.sandbox
+        if self.over.is_set():
             raise HTTPError(OVER, f"the episode is over ({self._why()}): stop the agent")
         with self._infrastructure():
             return await self._exec(sandbox, request)
 
     async def _exec(self, sandbox: Sandbox, request: wire.ExecRequest) -> dict[str, Any]:
-        limits = self.episode.task.spec.limits
+        limits = self.play.task.spec.limits
         timeout = min(request.timeout or limits.tool_timeout, limits.tool_timeout)
         await self._settle()  # a snapshot of the state before this command, first
         start = time.monotonic()
         result = await sandbox.exec(
             ExecRequest(command=request.command, timeout=timeout, workdir=request.cwd)
         )
-        turns = self.episode.turns
+        turns = self.play.turns
         if turns:
             last = turns[-1]
             last.tool_seconds += time.monotonic() - start
@@ -226,7 +227,7 @@ class Recorder:
             raise
         except Exception as e:
             if not isinstance(e, AgentRLError):
-                log.exception("%s: a gateway call failed", self.episode.trajectory_id)
+                log.exception("%s: a gateway call failed", self.play.trajectory_id)
             self.failure = self.failure or e
             self.end()
             raise HTTPError(OVER, f"the episode is over (it failed: {e})") from e
@@ -236,8 +237,8 @@ class Recorder:
             raise HTTPError(OVER, f"the episode is over ({self._why()}): stop the agent")
         if n is not None and n > 1:
             raise HTTPError(400, f"n={n}: the gateway samples one reply per call (n=1)")
-        limits = self.episode.task.spec.limits
-        if sum(t.kind == "action" for t in self.episode.turns) >= limits.max_turns:
+        limits = self.play.task.spec.limits
+        if sum(t.kind == "action" for t in self.play.turns) >= limits.max_turns:
             self.end(StopReason.max_turns)
             raise HTTPError(OVER, f"the episode is over (max_turns: {limits.max_turns} calls)")
 
@@ -253,13 +254,13 @@ class Recorder:
             return chat  # a retry of a call whose reply never left: the ledger is ready
         if chat is None or wire.tools_key(tools) != self.tools_key:
             if chat is not None or self.text is not None:
-                self.done, self.text = self.segments, None
+                self.done, self.text = self.all_segments, None
                 self.edits += 1
             chat = self.chat = ChatSession(
-                self.episode.chat.tokenizer,
+                self.play.chat.tokenizer,
                 self._converted(messages, exact=True),
                 tools=tools or None,
-                template_kwargs=self.episode.task.spec.prompt.template_kwargs,
+                template_kwargs=self.play.task.spec.prompt.template_kwargs,
             )
             if self.done:
                 chat.current.reason = "client"
@@ -283,7 +284,7 @@ class Recorder:
     def _converted(self, messages: list[Message], *, exact: bool = False) -> list[Message]:
         """Messages as the template takes them. `exact`: each reply the gateway issued is
         the text sampled for it, verbatim (else: as the harness sent it back)."""
-        family = self.episode.chat.family
+        family = self.play.chat.family
         out: list[Message] = []
         for m in messages:
             role, content = m.get("role"), wire.text_of(m.get("content")) or ""
@@ -302,7 +303,7 @@ class Recorder:
     def _observed(self, new: list[Message]) -> None:
         """What came back after the last reply: its turn's observation (and the harness's
         time since the reply, when no exec call measured its tools)."""
-        turns = self.episode.turns
+        turns = self.play.turns
         if not turns or turns[-1].observation:
             return
         last = turns[-1]
@@ -317,7 +318,7 @@ class Recorder:
         temperature: float | None,
         top_p: float | None,
     ) -> SamplingParams:
-        task = self.episode.task.spec
+        task = self.play.task.spec
         for name, asked, used in (
             ("temperature", temperature, task.sampling.temperature),
             ("top_p", top_p, task.sampling.top_p),
@@ -332,7 +333,7 @@ class Recorder:
         )
 
     async def _sample(self, ids: list[int], params: SamplingParams) -> tuple[Completion, Turn]:
-        episode, limits = self.episode, self.episode.task.spec.limits
+        play, limits = self.play, self.play.limits
         room = limits.context_length - len(ids)
         if room <= 0:
             self.end(StopReason.context_limit)
@@ -343,13 +344,13 @@ class Recorder:
                 "(context_length_exceeded): the episode is over",
             )
         params = params.model_copy(update={"max_tokens": min(params.max_tokens, room)})
-        episode.snapshot_last_turn()  # as the harness's actions since the last reply left it
-        completion, seconds = await episode.generate(self.gate, ids, params)
+        play.snapshot_last_turn()  # as the harness's actions since the last reply left it
+        completion, seconds = await play.generate(ids, params)
         self.calls += 1
-        segment = len(self.segments) - 1
+        segment = len(self.all_segments) - 1
         turn = Turn(
             action="",
-            span=(len(ids) - len(self.segments[-1].prompt_ids), 0),
+            span=(len(ids) - len(self.all_segments[-1].prompt_ids), 0),
             segment=segment,
             finish_reason=completion.finish_reason,
             gen_seconds=seconds,
@@ -367,16 +368,16 @@ class Recorder:
             )
             self.end()
             raise HTTPError(OVER, "the episode is over (the sampler aborted): stop the agent")
-        full = prompt + len(completion.token_ids) >= self.episode.task.spec.limits.context_length
+        full = prompt + len(completion.token_ids) >= self.play.task.spec.limits.context_length
         if completion.finish_reason == "length" and full:
             self.end(StopReason.context_limit)
         self._replied_at = time.monotonic()
 
     async def _settle(self) -> None:
-        await self.episode.snapshots.settle(self.episode.trajectory_id)
+        await self.play.settle()
 
     def _logprobs(self, completion: Completion) -> list[dict[str, Any]]:
-        tokenizer = self.episode.chat.tokenizer
+        tokenizer = self.play.chat.tokenizer
         out = []
         for token, lp in zip(completion.token_ids, completion.logprobs, strict=True):
             text = str(tokenizer.decode([token]))

@@ -30,7 +30,7 @@ from typing import Any
 
 from agentrl.gateway import wire
 from agentrl.gateway.recorder import OVER, Recorder
-from agentrl.inference.httpd import (
+from agentrl.http import (
     App,
     HTTPError,
     Listener,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -85,3 +85,18 @@ class Sampler(Protocol):
     ) -> Completion: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Answering(Protocol):
+    """A sampler that can say before a run whether it answers (one behind HTTP):
+    `check` raises a SamplerError with its fix when it does not."""
+
+    async def check(self) -> None: ...
+
+
+@runtime_checkable
+class Replicated(Protocol):
+    """A sampler over several replicas (the router): which replica serves which version."""
+
+    def status(self) -> list[dict[str, Any]]: ...

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backends.checkpoint import fsync_dir, latest_checkpoint
+from agentrl.atomic import atomic_folder
+from agentrl.cache import cache_root
 from agentrl.errors import ConfigError
-from agentrl.inference.embedded import cache_root
+from agentrl.weights.checkpoint import latest_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -142,7 +141,9 @@ def export_model(checkpoint: str | Path, out: str | Path) -> Path:
         if str(checkpoint) == "embedded":
             from agentrl.inference.embedded import model_dir
 
-            return _publish_folder(model_dir(), out)
+            with atomic_folder(out, durable=True) as tmp:
+                shutil.copytree(model_dir(), tmp, dirs_exist_ok=True)
+            return out
         found = find_checkpoint(checkpoint).resolve()
         return _export(found, read_meta(found), out)
     except OSError as e:
@@ -167,34 +168,10 @@ def _export(checkpoint: Path, meta: dict[str, Any], out: Path) -> Path:
         "optimizer_steps": meta.get("step"),
         "base_model": base,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out, durable=True) as tmp:  # onto nothing, or an empty folder
         model.save_pretrained(tmp)  # safetensors; a tied lm_head is stored once
         tokenizer.save_pretrained(tmp)
         (tmp / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _publish_folder(tmp, out, move=True)
-
-
-def _publish_folder(src: Path, out: Path, *, move: bool = False) -> Path:
-    """`src` (a complete model folder) as `out`, atomically: a copy (or `src` itself,
-    `move`) is synced and renamed onto nothing or onto an empty folder."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = src if move else Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        if not move:
-            shutil.copytree(src, tmp, dirs_exist_ok=True)
-        for file in tmp.iterdir():
-            with file.open("rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(tmp)
-        tmp.rename(out)  # atomic: onto nothing, or onto an empty folder
-        fsync_dir(out.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -230,8 +207,8 @@ def _load_weights(
     lm_head from the input embedding where the trained weights made them differ."""
     import torch
 
-    from agentrl.backends import lora
-    from agentrl.backends.config import LoraSpec
+    from agentrl.weights import lora
+    from agentrl.weights.config import LoraSpec
 
     state = model.state_dict()
     by_storage: dict[int, list[str]] = {}  # names of one tensor: a tied lm_head and embedding

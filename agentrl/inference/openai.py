@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential
 
-from agentrl.errors import ConfigError, SamplerError
+from agentrl.errors import ConfigError, SamplerError, one_line
 from agentrl.inference.base import Completion, FinishReason, SamplingParams
 
 T = TypeVar("T")
@@ -237,7 +237,7 @@ class OpenAISampler:
             reason = (
                 f"timed out after {self.timeout:g} s"
                 if isinstance(e, openai.APITimeoutError)
-                else _one_line(str(e.__cause__ or e.message))
+                else one_line(str(e.__cause__ or e.message), 400)
             )
             raise ServerUnavailable(
                 f"no answer from {self.base_url} to {what} after {attempts} attempt(s): {reason}",
@@ -320,7 +320,7 @@ def _server_message(e: openai.APIStatusError) -> str:
         message = body.get("message", body)
     if not isinstance(message, str):
         message = json.dumps(message) if message is not None else e.message
-    return _one_line(message)
+    return one_line(message, 400)
 
 
 def _fix_for(status: int) -> str:
@@ -331,13 +331,8 @@ def _fix_for(status: int) -> str:
     return "the server refused these parameters; check its version and the request above"
 
 
-def _one_line(text: str, limit: int = 400) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _malformed(url: str, what: str) -> SamplerError:
     return SamplerError(
-        _one_line(f"{url} returned an unusable completion: {what}"),
+        one_line(f"{url} returned an unusable completion: {what}", 400),
         fix="use a vLLM-compatible server that returns token ids and logprobs",
     )

@@ -20,7 +20,7 @@ weight publication run here without a GPU:
   sampled under.
 
 Each route's request is a pydantic model, validated by the HTTP layer
-(`agentrl.inference.httpd`, shared with `agentrl serve-tinker`). Requests arrive on
+(`agentrl.http`, shared with every agentrl server). Requests arrive on
 server threads; each hands its generate() to one asyncio loop in a background thread
 that owns the sampler, so concurrent requests reach a LocalSampler together, which
 batches them continuously. Binds to 127.0.0.1 unless told otherwise.
@@ -46,8 +46,7 @@ from dataclasses import replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from agentrl.inference.embedded import EMBEDDED_NAME
-from agentrl.inference.httpd import (
+from agentrl.http import (
     READ_TIMEOUT_S,
     App,
     HTTPError,
@@ -58,6 +57,7 @@ from agentrl.inference.httpd import (
     json_response,
     wait_while_connected,
 )
+from agentrl.inference.embedded import EMBEDDED_NAME
 from agentrl.inference.openai import POLICY_VERSION_HEADER
 from agentrl.inference.vllm_api import (
     CollectiveRPC,

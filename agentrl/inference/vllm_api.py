@@ -25,8 +25,8 @@ from pydantic import (
     field_validator,
 )
 
+from agentrl.http import HTTPError, validation_message
 from agentrl.inference.base import Completion, PauseMode, SamplingParams
-from agentrl.inference.httpd import HTTPError, validation_message
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

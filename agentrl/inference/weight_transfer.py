@@ -19,15 +19,13 @@ holds only what moves tensors.
 from __future__ import annotations
 
 import datetime
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from agentrl.atomic import atomic_folder, fsync_dir
 from agentrl.errors import ConfigError, SamplerError
 
 CHUNK_BYTES = 256 << 20  # tensors announced per /update_weights call (about)
@@ -50,9 +48,7 @@ def save_weights(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_folder(folder, replace=True) as tmp:
         seen: set[tuple[int, int]] = set()
         every: dict[str, torch.Tensor] = {}
         for name, tensor in state.items():
@@ -62,17 +58,7 @@ def save_weights(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
             every[name] = out.clone() if key in seen else out
             seen.add(key)
         save_file(every, str(tmp / "model.safetensors"))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fsync_dir(tmp)
     return folder
 
 

@@ -1,25 +1,15 @@
-"""Sandboxes: where an agent's tools run (Docker containers, or a local temp dir)."""
+"""Sandboxes: where an agent's tools run (Docker containers, a local temp dir, or a
+provider of your own named `module:Class`). `config.py` chooses one; `base.py` is the seam."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any
 
-from agentrl.errors import ConfigError
-from agentrl.registry import resolve
 from agentrl.sandbox.base import SandboxProvider
-
-PROVIDERS: dict[str, str] = {
-    "docker": "agentrl.sandbox.docker:DockerProvider",
-    "local": "agentrl.sandbox.local:LocalProvider",
-}
+from agentrl.sandbox.config import parse_provider
 
 
-def provider(name: str, **options: object) -> SandboxProvider:
-    """Build the provider registered as `name` (or a `module:Class` path) with `options`."""
-    cls = resolve(PROVIDERS, name, "sandbox provider")
-    if not callable(cls):
-        raise ConfigError(f"sandbox provider {name!r} is not a class")
-    try:
-        return cast(SandboxProvider, cls(**options))
-    except TypeError as exc:
-        raise ConfigError(f"sandbox provider {name!r}: bad options: {exc}") from exc
+def provider(name: str, **options: Any) -> SandboxProvider:
+    """Build the provider `name` names (`docker`, `local` or `module:Class`) with `options`
+    (`agentrl.sandbox.config.parse_provider`)."""
+    return parse_provider(name, **options).build()

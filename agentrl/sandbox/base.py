@@ -1,27 +1,32 @@
 """The sandbox seam: a provider starts sandboxes, a sandbox runs things, and a shell is
 one interactive process inside a sandbox.
 
-Everything that crosses this seam is a pydantic model (picklable config and
-request/response records) or bytes; live objects (containers, sockets, ptys) stay
-inside the implementation. Two implementations: `docker` and `local`.
+Every sandbox can `exec`, `read_file`, `write_file` and `close`; the rest are abilities
+its provider declares in `Capabilities` (an image, a shell, snapshots, a grading copy, a
+network, usage read from the host, mounts), and callers ask those, never a provider's
+name. A sandbox or provider class that subclasses `Sandbox` or `SandboxProvider` and
+lacks an ability inherits its answer here: a refusal that says so (`Unsupported`), or,
+where grading goes on without it, a no-op. Everything that crosses this seam is a
+pydantic model (picklable config and request/response records) or bytes; live objects
+(containers, sockets, ptys) stay inside the implementation. Implementations: `docker`,
+`local`, and any `module:Class` (`agentrl.sandbox.config`).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.cache import cache_root
+from agentrl.errors import SandboxError
 from agentrl.sandbox.seal import GradeScope
 
 
 def snapshots_root() -> Path:
-    """Where snapshots' files and records live: `$AGENTRL_CACHE/snapshots` (the cache
-    root of agentrl.inference.embedded.cache_root; read here, as sandbox sits below it)."""
-    root = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
-    return root / "snapshots"
+    """Where snapshots' files and records live: `$AGENTRL_CACHE/snapshots`."""
+    return cache_root() / "snapshots"
 
 
 OUTPUT_KEEP_BYTES = 1 << 20
@@ -172,8 +177,63 @@ class Shell(Protocol):
         ...
 
 
+class Capabilities(BaseModel):
+    """What a provider's sandboxes can do besides exec, read, write and close. Callers ask
+    these, never the provider's name; each ability left False is refused (`Unsupported`)
+    or skipped, as the member it names says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    images: bool = Field(
+        default=False,
+        description="starts each sandbox from `spec.image`: INIT builds a task's recipe "
+        "into one, importers start an instance's own image, an image's working directory "
+        "is the task's; False: the image is ignored (the local provider)",
+    )
+    shell: bool = Field(
+        default=False,
+        description="`Sandbox.shell`: an interactive process on a pty (the bash tool's "
+        "persistent shell)",
+    )
+    snapshots: bool = Field(
+        default=False,
+        description="`Sandbox.snapshot` and the provider's `restore`, `snapshot_bytes`, "
+        "`remove_snapshot`: replay points, branch credit, agentrl replay",
+    )
+    grading_copy: bool = Field(
+        default=False,
+        description="`keep_init` and `seal` make the sandbox its grading copy (the image or "
+        "INIT's commit plus the agent's outputs, no agent process); False: the grader sees "
+        "the sandbox as the agent left it",
+    )
+    network: bool = Field(
+        default=False,
+        description="`connect_network` gives it a named network, for the agent's turns (a "
+        "task's `sandbox.network`) or for grading (`grader.network`)",
+    )
+    metered: bool = Field(
+        default=False,
+        description="its sandboxes are `Metered`: the host reads their usage and stops their "
+        "processes (the bash tool's watchdog)",
+    )
+    mounts: bool = Field(
+        default=False,
+        description="honours `spec.mounts` (host folders, read-only): how a harness inside "
+        "the sandbox reaches the agent gateway's socket",
+    )
+
+
+class Unsupported(SandboxError, NotImplementedError):
+    """A sandbox or provider was asked for an ability its `Capabilities` do not declare."""
+
+    default_fix = "use a sandbox provider that has it (docker has every one), or do without it"
+
+
 class Sandbox(Protocol):
-    """A running sandbox. `close()` is idempotent and always removes it."""
+    """A running sandbox. `id`, `spec`, `exec`, `read_file`, `write_file` and `close`
+    (idempotent; it always removes the sandbox) are what every sandbox does; the members
+    after them are abilities its provider's `Capabilities` name, and a class subclassing
+    `Sandbox` inherits the answer below for each one it lacks."""
 
     @property
     def id(self) -> str: ...
@@ -183,41 +243,63 @@ class Sandbox(Protocol):
 
     async def exec(self, request: ExecRequest) -> ExecResult: ...
 
-    async def shell(self, argv: list[str]) -> Shell:
-        """Start `argv` as an interactive process in the workdir; closing the sandbox closes it."""
-        ...
-
     async def read_file(self, path: str) -> bytes: ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 
+    async def close(self) -> None: ...
+
+    async def shell(self, argv: list[str]) -> Shell:
+        """Start `argv` as an interactive process in the workdir; closing the sandbox closes
+        it (capability `shell`)."""
+        raise Unsupported(
+            f"sandbox {self.id}: its provider has no interactive shell (capability `shell`)",
+            fix="give the task tools that need none (str_replace_editor, finish), or use a "
+            "provider that has one (docker, local)",
+        )
+
     async def snapshot(self, label: str) -> str:
-        """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes."""
-        ...
+        """Freeze the sandbox's filesystem; returns an id that `provider.restore` takes
+        (capability `snapshots`)."""
+        raise Unsupported(
+            f"sandbox {self.id}: its provider cannot snapshot (capability `snapshots`)",
+            fix="set the task's snapshots.every to 0, or use a provider that can (docker, local)",
+        )
 
     async def keep_init(self, scope: GradeScope) -> None:
         """At the end of INIT: what the sandbox holds now outside `scope`'s outputs (the
         task's files, its setup's work) is what the grading copy holds there, whatever the
-        agent does to it."""
-        ...
+        agent does to it (capability `grading_copy`; without one, nothing to keep)."""
+        return
 
     async def seal(self, scope: GradeScope) -> Sealed:
         """Before grading: from now on the sandbox is its grading copy, holding only the
         agent's changes under `scope`'s outputs (`agentrl.sandbox.seal`); no agent process
-        can act on the copy's files or processes."""
-        ...
+        can act on the copy's files or processes (capability `grading_copy`; without one,
+        a note that the grader saw the sandbox as the agent left it)."""
+        return Sealed(
+            notes=[
+                "the sandbox provider makes no grading copy: the grader saw the sandbox as "
+                "the agent left it, its processes included"
+            ]
+        )
 
     async def connect_network(self, name: str) -> None:
-        """Give the sandbox the network `name` (Docker's), from now on (EVAL only)."""
-        ...
-
-    async def close(self) -> None: ...
+        """Give the sandbox the network `name` (Docker's), from now on (capability
+        `network`)."""
+        raise Unsupported(
+            f"sandbox {self.id}: its provider cannot connect the network {name!r} "
+            "(capability `network`)",
+            fix="unset $AGENTRL_AGENT_NETWORK and $AGENTRL_EVAL_NETWORK, or use the docker "
+            "provider",
+        )
 
 
 @runtime_checkable
 class Metered(Protocol):
     """A sandbox whose use of its limits the host can read and whose processes it can stop
-    (docker and local; the bash tool uses it to keep one command from starving the next)."""
+    (capability `metered`: docker and local; the bash tool uses it to keep one command
+    from starving the next)."""
 
     async def usage(self) -> Usage: ...
 
@@ -228,18 +310,34 @@ class Metered(Protocol):
 
 
 class SandboxProvider(Protocol):
-    """Starts sandboxes of one kind; `restore` starts one from a snapshot id."""
+    """Starts sandboxes of one kind and says what they can do. `start` is what every
+    provider does; the members after it follow its `Capabilities`, and a class
+    subclassing `SandboxProvider` inherits the answer below for each one it lacks."""
 
-    name: Literal["docker", "local"]
+    name: str
+    """How trajectories record it (`env.provider`) and what builds it again: `docker`,
+    `local` or its `module:Class` (set by its config's `build`)."""
+    capabilities: Capabilities
 
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
 
-    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> Sandbox: ...
+    async def restore(self, snapshot_id: str, spec: SandboxSpec) -> Sandbox:
+        """A new sandbox from a snapshot id (capability `snapshots`)."""
+        raise Unsupported(
+            f"sandbox provider {self.name!r} cannot restore snapshot {snapshot_id!r} "
+            "(capability `snapshots`)",
+            fix="replay and branch credit need a provider that snapshots (docker, local)",
+        )
 
     async def snapshot_bytes(self, snapshot_id: str) -> int:
         """Disk a snapshot takes beyond what it was made from (0 if it is gone)."""
-        ...
+        return 0
 
     async def remove_snapshot(self, snapshot_id: str) -> int:
         """Delete a snapshot; returns the bytes freed (0 if it was already gone)."""
-        ...
+        return 0
+
+    def end_run(self, run_id: str) -> None:
+        """At the end of run `run_id`: remove whatever of it a crash may have left (docker:
+        the run's containers); blocking, idempotent."""
+        return

@@ -1,3 +1,4 @@
+# Over 400 lines: a recipe's hash and its three builds share one lock and one cache.
 """Sandbox images: find a recipe in `sandboxes/<name>/`, hash it, and build it once.
 
 A recipe is a folder with a Dockerfile and, for package-list recipes, `packages.txt`.
@@ -316,7 +317,7 @@ def build_recipe(
 def _tag_lock(tag: str) -> Iterator[None]:
     """One build of a tag at a time on this machine (processes and threads alike): two
     tasks on one missing stand-in build it once; the second finds it up to date."""
-    from agentrl.inference.embedded import cache_root
+    from agentrl.cache import cache_root
 
     name = hashlib.sha256(tag.encode()).hexdigest()[:16]
     with machine_lock(cache_root() / "image-locks" / f"{name}.lock"):
@@ -660,7 +661,7 @@ def _archive(rootfs: Rootfs, emit: Progress) -> tuple[str, Path]:
         except ImageBuildError:
             mirror = apt_mirror(SUITE)
         return mirror, Path("/usr/share/keyrings/debian-archive-keyring.gpg")
-    from agentrl.inference.embedded import cache_root
+    from agentrl.cache import cache_root
 
     mirror = (os.environ.get("AGENTRL_UBUNTU_MIRROR") or UBUNTU_ARCHIVE).rstrip("/")
     path, sha256 = UBUNTU_KEYRING_DEB

@@ -21,13 +21,13 @@ import threading
 import time
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 import pexpect
 
 from agentrl.errors import SandboxError, SandboxFileNotFound, SnapshotGone
 from agentrl.sandbox.base import (
     FORCED_ENV,
+    Capabilities,
     ExecRequest,
     ExecResult,
     HeadTail,
@@ -79,7 +79,10 @@ def _tree_bytes(snapshot_id: str) -> int:
 class LocalProvider:
     """Starts `LocalSandbox`es; warns loudly, once per process, that they isolate nothing."""
 
-    name: Literal["docker", "local"] = "local"
+    name = "local"
+    capabilities = Capabilities(shell=True, snapshots=True, network=True, metered=True)
+    """No image, no grading copy, no mounts (the host's files are its own); `network`: it
+    has this machine's all along."""
 
     def __init__(self) -> None:
         global _warned
@@ -123,6 +126,9 @@ class LocalProvider:
             await sandbox.close()
             raise
         return sandbox
+
+    def end_run(self, run_id: str) -> None:
+        """Nothing: a local sandbox's folder goes with its close (or the exit backstop)."""
 
 
 class LocalSandbox:

@@ -1,3 +1,4 @@
+# Over 400 lines: the base every task format overrides; its hooks read beside their defaults.
 """A task's INIT and EVAL stages: start and prepare a sandbox; later, grade it.
 
 INIT resolves the image (named, or built from the task's recipe folder once per recipe
@@ -19,10 +20,11 @@ import asyncio
 import os
 import posixpath
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from agentrl.errors import ConfigError, GraderError, SandboxError
+from agentrl.errors import ConfigError, GraderError, SandboxError, one_line
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
 from agentrl.sandbox.images import build_recipe, folder_hash
 from agentrl.sandbox.seal import GradeScope, scope_for, within
@@ -48,6 +50,11 @@ class EpisodeEnv(Protocol):
     @property
     def provider_name(self) -> str:
         """The sandbox provider, as a trajectory's `env.provider` records it."""
+        ...
+
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether its sandboxes can be committed and restored (replay points, branches)."""
         ...
 
     def tools(self) -> dict[str, Tool]:
@@ -78,7 +85,13 @@ def build_tools(task: Task) -> dict[str, Tool]:
 
 
 class TaskEnv:
-    """Starts, prepares and grades the sandboxes of one task's episodes, in this process."""
+    """Starts, prepares and grades the sandboxes of one task's episodes, in this process.
+
+    The base class of every task format's runtime (a task's `env:` names one). A format
+    overrides only these hooks, and the rest stays as it is: `resolve_image` (the task's
+    image), `instance_image` (an image per instance), `spec` (the sandbox an instance
+    starts in), `grade_scope` (what the grader examines of a workdir), `grade` (the
+    grader, in the grading copy) and `run_oracle` (the reference solution)."""
 
     def __init__(self, task: Task, provider: SandboxProvider, run_id: str) -> None:
         self.task = task
@@ -91,10 +104,18 @@ class TaskEnv:
         self._references: dict[str, tuple[str, Grade | GraderError]] = {}
         self._reference_locks: dict[str, asyncio.Lock] = {}
         self._scopes: dict[str, GradeScope] = {}
+        self.mounts: Callable[[], dict[str, str]] = dict
+        """Host folders the episodes' player needs in the sandbox, host path -> path in
+        it (the agent gateway's socket, for a harness inside): set by whoever plays
+        (`agentrl.episode.factory.make_env`), read when a sandbox starts."""
 
     @property
     def provider_name(self) -> str:
         return self.provider.name
+
+    @property
+    def can_snapshot(self) -> bool:
+        return self.provider.capabilities.snapshots
 
     def tools(self) -> dict[str, Tool]:
         return build_tools(self.task)
@@ -106,7 +127,7 @@ class TaskEnv:
         """The image to start: named by the spec, or built from its recipe (once)."""
         async with self._image_lock:
             if self._image is None:
-                self._image = await self._resolve_image()
+                self._image = await self.resolve_image()
             return self._image
 
     async def instance_image(self, instance: Instance) -> str:
@@ -130,13 +151,10 @@ class TaskEnv:
         )
 
     def _mounts(self) -> dict[str, str]:
-        """The agent gateway's socket, for a harness that runs inside a Docker sandbox."""
-        agent = self.task.spec.agent
-        if agent is None or agent.where != "sandbox" or self.provider.name != "docker":
+        """What the player asks the sandbox to mount (`mounts`), where the provider can."""
+        if not self.provider.capabilities.mounts:
             return {}
-        from agentrl.gateway import server
-
-        return {server.shared().socket_dir(): server.SANDBOX_SOCKET_DIR}
+        return self.mounts()
 
     async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox:
         """A sandbox as a snapshot of one of `instance`'s episodes left it."""
@@ -173,10 +191,10 @@ class TaskEnv:
         once per workdir; grading online if it may."""
         workdir = sandbox.spec.workdir
         if workdir not in self._scopes:
-            self._scopes[workdir] = self._scope(workdir)
+            self._scopes[workdir] = self.grade_scope(workdir)
         return self._scopes[workdir].model_copy(update={"network": self.eval_network()})
 
-    def _scope(self, workdir: str) -> GradeScope:
+    def grade_scope(self, workdir: str) -> GradeScope:
         """The workdir, the task's declared outputs and the paths its grader's files name."""
         grader = self.task.spec.grader
         texts: list[str] = [getattr(grader, "command", "") or ""]
@@ -345,11 +363,11 @@ class TaskEnv:
             )
         return path
 
-    async def _resolve_image(self) -> str:
+    async def resolve_image(self) -> str:
         config = self.task.spec.sandbox
         if config.image or not config.recipe:
             return config.image or DEFAULT_IMAGE
-        if self.provider.name != "docker":  # the local provider runs no image
+        if not self.provider.capabilities.images:  # e.g. the local provider
             return DEFAULT_IMAGE
         folder = self._local(config.recipe)
         slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_") or "task"
@@ -401,7 +419,6 @@ def _absolute(path: str, workdir: str) -> str:
 
 
 def _one_line(text: str, chars: int, *, tail: bool = False) -> str:
-    flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
-    if len(flat) <= chars:
-        return flat or "(no output)"
-    return "..." + flat[-chars:] if tail else flat[:chars] + "..."
+    """A command or its output as a message shows it: lines joined by ` | `, `chars` of a
+    longer one kept (then `...`)."""
+    return one_line(text, chars + 3, sep=" | ", tail=tail) or "(no output)"

@@ -1,3 +1,4 @@
+# Over 400 lines: a YAML task's loading (files, instances, placeholders, errors) is one pass.
 """Load a task file: the schema (via agentrl.yamlfile), then the checks across fields.
 
 `check_task` returns every problem as `file:line: field: message` and never raises for
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, first_line
 from agentrl.tasks.instance_files import READERS, FileProblem, rows_yaml
 from agentrl.tasks.placeholders import names
 from agentrl.tasks.spec import (
@@ -44,7 +45,6 @@ from agentrl.yamlfile import (
     show,
     suggest,
 )
-from agentrl.yamlnodes import one_line
 
 __all__ = ["Problem", "TaskError", "check_task", "first_prompts", "load_task", "parse_test_ids"]
 
@@ -267,7 +267,7 @@ class _Loader(YamlFile):
                 self.add(loc, str(e) if known else f"{msg}; registered: {choices}, or module:Class")
                 continue
             except Exception as e:  # a tool module that fails to import is the user's to fix
-                self.add(loc, f"cannot import tool {cfg.name!r}: {one_line(e)}")
+                self.add(loc, f"cannot import tool {cfg.name!r}: {first_line(e, typed=True)}")
                 continue
             self._options(cls, cfg, ("tools", i))
         if spec.prompt.action_format == "bash_block" and "bash" not in seen:
@@ -326,7 +326,7 @@ class _Loader(YamlFile):
             except ConfigError as e:
                 self.add(("grader", "function"), e.message)
             except Exception as e:  # importing user code may raise anything: report it
-                self.add(("grader", "function"), f"cannot import: {one_line(e)}")
+                self.add(("grader", "function"), f"cannot import: {first_line(e, typed=True)}")
             else:
                 self._awaits(fn, grader.function)
         elif isinstance(grader, PytestGrader):

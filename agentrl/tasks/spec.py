@@ -1,3 +1,4 @@
+# Over 400 lines: the YAML task schema, field by field: the one page of code a task author reads.
 """The task format: what a YAML task file may say, as pydantic models (extra keys forbidden).
 
 A task names its sandbox, its instances, its prompt, its tools, its limits, its

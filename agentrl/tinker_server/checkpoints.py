@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from agentrl.backends.checkpoint import latest_checkpoint
 from agentrl.tinker_server.learner import TinkerLearner
 from agentrl.tinker_server.wire import UserError
+from agentrl.weights.checkpoint import latest_checkpoint
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _WEIGHTS_PATH = re.compile(r"tinker://([A-Za-z0-9][A-Za-z0-9_.:-]*)/weights/(.+)")

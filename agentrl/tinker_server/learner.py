@@ -254,7 +254,7 @@ def _fsdp_config(lora: LoraConfig | None) -> FSDPConfig:
     """Temperature 1 (Tinker's logprobs), no clipping of its own (optim_step clips)."""
     fields: dict[str, object] = {"temperature": 1.0, "max_grad_norm": None}
     if lora is not None:
-        from agentrl.backends.lora import LoraSpec
+        from agentrl.weights.config import LoraSpec
 
         fields["lora"] = LoraSpec(
             rank=lora.rank,

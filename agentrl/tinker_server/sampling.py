@@ -80,7 +80,7 @@ class Samplers:
 
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         if untie:
-            from agentrl.backends.lora import untie_output
+            from agentrl.weights.lora import untie_output
 
             untie_output(model)
         torch.nn.Module.to(model.eval(), self.device)  # transformers' `to` confuses mypy

@@ -1,5 +1,5 @@
 """HTTP for `agentrl serve-tinker`: the Tinker API under /api/v1 on `agentrl serve`'s
-HTTP layer (`agentrl.inference.httpd`: stdlib, HTTP/1.1 keep-alive, a deep listen
+HTTP layer (`agentrl.http`: stdlib, HTTP/1.1 keep-alive, a deep listen
 backlog, a request that must arrive within `read_timeout_s` of its first byte, quiet
 about clients that left). Binds 127.0.0.1 unless told otherwise.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from agentrl.errors import ConfigError
-from agentrl.inference.httpd import (
+from agentrl.http import (
     READ_TIMEOUT_S,
     App,
     HTTPError,
@@ -205,7 +205,7 @@ def serve(
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    from agentrl.inference.embedded import cache_root
+    from agentrl.cache import cache_root
     from agentrl.tinker_server.service import ServiceConfig, TinkerService
 
     hf_logging.disable_progress_bar()  # every sampling session loads the model folder

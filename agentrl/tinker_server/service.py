@@ -1,3 +1,4 @@
+# Over 400 lines: the Tinker API's operations over one learner's state (futures, models, sampling).
 """The Tinker service behind the HTTP routes: client sessions, training models, sampling
 sessions and checkpoints. Each route is one method taking the SDK's own request model
 (or the decoded protobuf) and returning the JSON the SDK expects.
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from tinker import types
 
-from agentrl.inference.httpd import HTTPError
+from agentrl.http import HTTPError
 from agentrl.tinker_server.checkpoints import StateDir
 from agentrl.tinker_server.futures import Future, Futures, Job, Sequencer, Worker
 from agentrl.tinker_server.learner import TinkerLearner, parse_loss

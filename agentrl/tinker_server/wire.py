@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
 from agentrl.errors import AgentRLError
-from agentrl.inference.httpd import HTTPError
+from agentrl.http import HTTPError
 
 _DTYPES: dict[int, np.dtype[Any]] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from playwright.async_api import Browser, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
+from agentrl import errors
 from agentrl.errors import BrowserError
 from agentrl.sandbox.procs import pid_alive
 
@@ -162,6 +163,5 @@ def shared() -> Chromium:
 
 
 def first_line(error: BaseException) -> str:
-    text = getattr(error, "message", None) or str(error)
-    line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return re.sub(r"^(\w+\.\w+: )?(Error: )?", "", line)  # "Locator.fill: Error: ..."
+    """An error's first line without Playwright's prefix ("Locator.fill: Error: ...")."""
+    return re.sub(r"^(\w+\.\w+: )?(Error: )?", "", errors.first_line(error))

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agentrl.batch import batch_stats
 from agentrl.dispatch.core import Feed, cancel_and_wait
 from agentrl.errors import ConfigError
 from agentrl.train.admission import Admission, Group, GroupBuffer, no_signal
 from agentrl.train.branches import collect_group
 from agentrl.train.data import epoch_order
-from agentrl.train.records import EpochEndRecord, TrainRecord, batch_metrics
+from agentrl.train.records import EpochEndRecord, TrainRecord
 from agentrl.train.sampler import MeteredSampler
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ async def async_steps(
                 run.keep(t)
             version = run.sampler.policy_version  # the learner's weights, last published
             fresh = [t for t in trajs if t.branch_of is None]
-            scores = batch_metrics(fresh).model_dump()
+            scores = batch_stats(fresh)
             tokens_by_age = _histogram(
                 version - v
                 for t in fresh

@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.agent import Episode
 from agentrl.algorithms import sample_std
+from agentrl.episode import Episode
 from agentrl.errors import ConfigError
 from agentrl.snapshots import Snapshots, without_snapshots
 
@@ -70,6 +70,7 @@ class Branches:
     def __init__(self, run: TrainRun, cfg: BranchConfig, sampler: Sampler) -> None:
         self.run, self.cfg, self.sampler = run, cfg, sampler
         self.task_index = {task.spec.name: i for i, task in enumerate(run.tasks)}
+        self.factory = run.factory(sampler)
         self.held: dict[str, Episode] = {}  # episodes whose snapshots are not reclaimed yet
 
     def hold(self, episodes: Sequence[Episode]) -> None:
@@ -80,20 +81,16 @@ class Branches:
         """`k` continuations of every branched state of the group's episodes."""
         episodes = []
         for parent in group:
-            i = self.task_index[parent.task]
-            task, env = self.run.tasks[i], self.run.envs[i]
+            task = self.run.tasks[self.task_index[parent.task]]
             instance = next(x for x in task.instances if x.id == parent.group_id)
             for turn in branch_turns(parent, self.cfg):
                 for k in range(self.cfg.k):
                     try:
-                        ep = Episode.continued(
+                        ep = self.factory.continued(
                             task,
                             instance,
                             parent,
                             turn,
-                            self.sampler,
-                            self.run.tokenizer,
-                            env,
                             trajectory_id=f"{parent.trajectory_id}~{turn}-{k}",
                             purpose="value",
                             snapshot=parent.turns[turn - 1].snapshot_id,

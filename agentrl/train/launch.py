@@ -24,11 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl.dispatch.stream import progress_bars
+from agentrl.episode import make_env
 from agentrl.errors import ConfigError
 from agentrl.inference.embedded import model_tokenizer
 from agentrl.preflight import preflight
-from agentrl.runner import RunInfo, make_env, progress_bars, with_overrides, write_run_info
+from agentrl.run_info import RunInfo, write_run_info
+from agentrl.tasks.select import with_overrides
 from agentrl.train.data import run_temperature, split
 from agentrl.train.loop import checkpoints, train_loop
 from agentrl.train.records import MetricsLog
@@ -36,6 +38,7 @@ from agentrl.train.run import Learner, TrainRun
 from agentrl.train.sampler import TrainSampler, train_sampler
 from agentrl.train_config import start_problems
 from agentrl.trajectory import TrajectoryStore
+from agentrl.weights.checkpoint import latest_checkpoint
 
 if TYPE_CHECKING:
     from agentrl.backends.base import TrainerBackend
@@ -201,17 +204,14 @@ class Trainer:
         raise AssertionError("unreachable")  # the exit stack does not swallow exceptions
 
     async def _envs(self, stack: contextlib.AsyncExitStack) -> list[EpisodeEnv]:
-        """Each task's EpisodeEnv: here (docker or local), or on the cluster's sandbox nodes."""
+        """Each task's EpisodeEnv: here (the configured provider), or on the cluster's
+        sandbox nodes."""
         cfg = self.config
         if cfg.cluster is None:
             from agentrl.sandbox import provider as make_provider
 
             provider = make_provider(cfg.provider)
-            if cfg.provider == "docker":
-                from agentrl.sandbox.docker import remove_run
-
-                client = provider.client  # type: ignore[attr-defined]
-                stack.callback(remove_run, client, self.run_id)
+            stack.callback(provider.end_run, self.run_id)
             return [make_env(task, provider, self.run_id) for task in self.tasks]
         from agentrl.cluster.sandboxes import RemoteTaskEnv, SandboxFleet
 

@@ -18,15 +18,16 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backends.checkpoint import latest_checkpoint
+from agentrl import atomic
+from agentrl.batch import batch_stats
 from agentrl.evaluation import EvalSpec, Evaluation
-from agentrl.runner import write_atomic
 from agentrl.train.asynchronous import async_steps
 from agentrl.train.plots import plot_async, plot_reward, tensorboard
-from agentrl.train.records import EvalRecord, Summary, batch_metrics
+from agentrl.train.records import EvalRecord, Summary
 from agentrl.train.sync import sync_steps
 from agentrl.train_config import AsyncSchedule
 from agentrl.trajectory import TrajectoryStore
+from agentrl.weights.checkpoint import latest_checkpoint
 
 if TYPE_CHECKING:
     from agentrl.train.run import TrainRun
@@ -85,7 +86,7 @@ async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
             board.close()
     metrics = run.out / "metrics.jsonl"
     summary = Summary.of(metrics, cfg.name, sched.type, time.monotonic() - started)
-    write_atomic(run.out / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
+    atomic.write_text(run.out / "summary.json", json.dumps(summary.model_dump(), indent=2) + "\n")
     plot_reward(metrics, run.out / "reward.png", cfg.name)
     if isinstance(sched, AsyncSchedule):
         plot_async(run.out, cfg.name, sched.max_staleness_steps)
@@ -114,7 +115,7 @@ async def evaluate(run: TrainRun, step: int) -> EvalRecord:
     overall = evaluation.results(asked, samples).scores.overall
     record = EvalRecord(
         step=step,
-        **batch_metrics(trajs).model_dump(),
+        **batch_stats(trajs),
         pass_at_1=float("nan") if overall.pass_at_1 is None else overall.pass_at_1,
         pass_at_1_ci95=overall.pass_at_1_ci95,
         pass_at_k=overall.pass_at_k,
@@ -153,7 +154,7 @@ async def _resume_or_start(run: TrainRun, resume: bool) -> dict[str, Any]:
         trajs = run.out / "trajectories.jsonl"
         if trajs.exists():
             kept = list(itertools.islice(TrajectoryStore(trajs), run.stored))
-            write_atomic(trajs, "".join(t.to_json() + "\n" for t in kept))
+            atomic.write_text(trajs, "".join(t.to_json() + "\n" for t in kept))
         log.info("resumed from %s at step %d", path, resumed["step"])
         return resumed
     for name in RUN_FILES:

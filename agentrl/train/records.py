@@ -10,21 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from agentrl.runner import write_atomic
-from agentrl.scores import mean_interval
-from agentrl.trajectory import agent_counts
+from agentrl import atomic
+from agentrl.batch import BatchStats
 
 if TYPE_CHECKING:
     from agentrl.train.plots import Board
-    from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -40,71 +36,7 @@ def resident_mb() -> float:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-class BatchMetrics(BaseModel):
-    """What a batch of episodes scored (a train step's or an evaluation's)."""
-
-    episodes: int
-    reward_mean: float = Field(description="over graded episodes (nan: none)")
-    reward_ci95: float = Field(description="half-width of the mean's 95% interval")
-    reward_std: float
-    pass_rate: float = Field(description="share of graded episodes with reward >= 1")
-    infra_failures: int = Field(description="episodes not graded, never trained on")
-    infra_error: str | None = Field(default=None, description="the first infra failure's")
-    infra_fix: str | None = None
-    stop_reasons: dict[str, int]
-    sampled_tokens: int
-    total_tokens: int = Field(description="prompt + response tokens over every segment")
-    turns_mean: float = Field(default=float("nan"), description="action turns per episode")
-    tool_calls_mean: float = Field(
-        default=float("nan"), description="turns per episode whose reply held a tool call"
-    )
-    segments: int = Field(
-        default=0, description="segments beyond each episode's first (history was rewritten)"
-    )
-    agent: dict[str, int] = Field(
-        default_factory=dict,
-        description="episodes an external harness played: their model calls, edits (calls "
-        "that began a client segment) and drift (calls whose messages as sent would have "
-        "tokenized otherwise); {} when none",
-    )
-
-
-def batch_metrics(trajs: Sequence[Trajectory]) -> BatchMetrics:
-    rewards = [t.reward for t in trajs if t.trainable and t.reward is not None]
-    infra = [t for t in trajs if not t.trainable]
-    mean, half = mean_interval(rewards)
-    return BatchMetrics(
-        episodes=len(trajs),
-        reward_mean=mean,
-        reward_ci95=half,
-        reward_std=statistics.pstdev(rewards) if rewards else float("nan"),
-        pass_rate=sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
-        infra_failures=len(infra),
-        infra_error=infra[0].error if infra else None,
-        infra_fix=infra[0].fix if infra else None,
-        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
-        sampled_tokens=sum(t.num_sampled for t in trajs),
-        total_tokens=sum(
-            len(ledger.prompt_ids) + len(ledger.response_ids)
-            for t in trajs
-            for ledger in t.ledgers()
-        ),
-        turns_mean=_per_episode(trajs, lambda t: sum(u.kind == "action" for u in t.turns)),
-        tool_calls_mean=_per_episode(
-            trajs, lambda t: sum(u.tool_call is not None for u in t.turns)
-        ),
-        segments=sum(len(t.segments) for t in trajs),
-        agent=agent_counts(trajs),
-    )
-
-
-def _per_episode(trajs: Sequence[Trajectory], count: Callable[[Trajectory], int]) -> float:
-    """The mean of `count` over the episodes that were the agent's (nan: none)."""
-    mine = [count(t) for t in trajs if t.trainable]
-    return statistics.fmean(mine) if mine else float("nan")
-
-
-class EvalRecord(BatchMetrics):
+class EvalRecord(BatchStats):
     """The held-out instances evaluated after `step` steps, scored as `agentrl eval`
     scores (`agentrl.scores`): the attempts are in `eval/step-N/`."""
 
@@ -121,7 +53,7 @@ class EvalRecord(BatchMetrics):
     rss_mb: float = Field(default_factory=resident_mb, description="this process's memory, MiB")
 
 
-class TrainRecord(BatchMetrics):
+class TrainRecord(BatchStats):
     """One trainer step (`step` counts from 1). Beside these fields: the backend's
     train_step metrics (loss, grad_norm, lr, logprob_mismatch, ...), flat."""
 
@@ -224,7 +156,7 @@ class MetricsLog:
             os.fsync(f.fileno())
         self.lines += 1
         log.info("%s", json.dumps({k: v for k, v in row.items() if k != "prompts"}))
-        if isinstance(record, BatchMetrics) and record.infra_failures:  # never trained on
+        if isinstance(record, BatchStats) and record.infra_failures:  # never trained on
             log.warning(
                 "%s %s: %d infrastructure failures (not graded, not trained on); first: %s%s",
                 record.kind,
@@ -244,7 +176,7 @@ class MetricsLog:
         self.lines = lines
         if self.path.exists():
             kept = self.path.read_text().splitlines(keepends=True)[:lines]
-            write_atomic(self.path, "".join(kept))
+            atomic.write_text(self.path, "".join(kept))
 
 
 class EvalView(BaseModel):

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentrl.agent import Episode
 from agentrl.algorithms import branch_credit, compute_advantages, group_stats
 from agentrl.backends.base import samples_from
 from agentrl.dispatch.core import Feed
-from agentrl.runner import stream_episodes
+from agentrl.dispatch.stream import stream_episodes
+from agentrl.episode import Episode, Episodes
+from agentrl.inference.base import Replicated
 from agentrl.train.admission import Group
 from agentrl.train.branches import Branches, branch_metrics, collect_group
 
@@ -77,6 +78,11 @@ class TrainRun:
         cfg = self.config.algorithm.advantage.branch
         return None if cfg is None else Branches(self, cfg, sampler)
 
+    def factory(self, sampler: Sampler) -> Episodes:
+        """How this run's episodes are made, by `sampler`."""
+        envs = {task.spec.name: env for task, env in zip(self.tasks, self.envs, strict=True)}
+        return Episodes(sampler, self.tokenizer, envs, self.config.snapshots)
+
     def make_episodes(
         self,
         prompts: Sequence[Prompt],
@@ -93,18 +99,14 @@ class TrainRun:
         branch estimator will branch from: they commit what it needs and hold their
         snapshots until it reclaims them."""
         branching = branches.cfg.snapshot_every() if branches is not None else 0
+        factory = self.factory(sampler)
         episodes = [
-            Episode(
+            factory.fresh(
                 self.tasks[p.task],
                 p.instance,
                 first_sample + k,
-                sampler,
-                self.tokenizer,
-                self.envs[p.task],
                 scheduled_step=scheduled_step,
-                snapshots=self.config.snapshots,
-                # an external harness's episode is never branched (agentrl did not act)
-                branching=branching if self.tasks[p.task].spec.agent is None else 0,
+                branching=branching,
             )
             for p in prompts
             for k in range(samples)
@@ -199,8 +201,6 @@ class TrainRun:
             row["policy_version"] = sampler.policy_version
         t3 = time.monotonic()
         row.update(train_s=round(t2 - t1, 2), publish_s=round(t3 - t2, 2))
-        from agentrl.inference.router import Router
-
-        if isinstance(sampler, Router):  # which replica serves which version
+        if isinstance(sampler, Replicated):  # which replica serves which version
             row["replicas"] = sampler.status()
         return row

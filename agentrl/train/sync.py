@@ -11,8 +11,9 @@ import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from agentrl.batch import batch_stats
 from agentrl.train.data import data_order
-from agentrl.train.records import TrainRecord, batch_metrics
+from agentrl.train.records import TrainRecord
 from agentrl.train.sampler import MeteredSampler
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ async def sync_steps(
         trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
         for t in trajs:
             run.keep(t)
-        scores = batch_metrics([t for t in trajs if t.branch_of is None]).model_dump()
+        scores = batch_stats([t for t in trajs if t.branch_of is None])
         learned = await run.learn(trajs)
         wall = max(time.monotonic() - t0, 1e-9)
         record = TrainRecord(

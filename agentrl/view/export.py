@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import atomic_folder
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.view.folder import RunFolder
 from agentrl.view.server import STATIC
@@ -45,9 +45,7 @@ def export(
     folder.refresh()
     run = folder.run()
     total = sum(len(f.index) for f in folder.files.values())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:  # onto nothing, or the empty folder
         shutil.copytree(STATIC, tmp / "static")
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         if MARKER not in page:
@@ -71,10 +69,4 @@ def export(
                 done += len(episodes)
                 if progress:
                     progress(done, total)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return done

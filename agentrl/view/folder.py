@@ -1,3 +1,4 @@
+# Over 400 lines: everything the viewer's page asks of one run folder, behind one lock.
 """A run folder as the viewer shows it: its trajectory files (indexed), its metrics, and
 one episode at a time with its tokens' texts, its grade, its branches and the commands
 that replay it. Every answer is a JSON-ready dict: the HTTP server sends them as they
@@ -7,7 +8,6 @@ are and `--export` writes them into a static copy (the shapes: docs/viewer.md).
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import threading
 from collections.abc import Callable
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.batch import finite
 from agentrl.errors import ConfigError, first_line
 from agentrl.trajectory import BRANCHES, INFRA_STOP_REASONS, Trajectory, run_files
 from agentrl.view.index import COLUMNS, EpisodeIndex, record
@@ -40,18 +41,6 @@ class RunFile:
     label: str
     path: Path
     index: EpisodeIndex
-
-
-def finite(value: Any) -> Any:
-    """`value` with every non-finite float as None (JSON has no NaN; a nan reward mean
-    means 'nothing graded')."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
 
 
 def fold(text: str) -> str:

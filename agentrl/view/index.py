@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl import atomic
 from agentrl.trajectory import INFRA_STOP_REASONS
 
 log = logging.getLogger(__name__)
@@ -275,11 +276,9 @@ class EpisodeIndex:
         if not entries or not self._writable:
             return
         body = b"".join(json.dumps(e).encode() + b"\n" for e in entries)
-        tmp = self.cache.with_name(self.cache.name + ".tmp")
         try:
             if self._cached == 0:  # a new cache: written whole, then renamed into place
-                tmp.write_bytes(self._header() + body)
-                tmp.replace(self.cache)
+                atomic.write_bytes(self.cache, self._header() + body)
                 self._cached = len(self._header()) + len(body)
                 self._inode = self.cache.stat().st_ino
             else:
@@ -287,7 +286,6 @@ class EpisodeIndex:
                     f.write(body)
                 self._cached += len(body)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             self._writable = False
             log.warning("cannot cache the index of %s beside it (%s): kept in memory", self.path, e)
 

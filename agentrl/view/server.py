@@ -1,5 +1,5 @@
 """`agentrl view`'s HTTP side: an `App` on agentrl's own stdlib HTTP layer
-(`agentrl.inference.httpd`: keep-alive, bounded reads, a page that went away logged as a
+(`agentrl.http`: keep-alive, bounded reads, a page that went away logged as a
 debug line), on 127.0.0.1.
 
     /                 the page (static/index.html)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.inference.httpd import App, Listener, Request, Response, Route
+from agentrl.http import App, Listener, Request, Response, Route
 from agentrl.view.folder import RunFolder
 
 STATIC = Path(__file__).parent / "static"

@@ -16,8 +16,8 @@ import shlex
 import textwrap
 from collections.abc import Mapping
 
+from agentrl.episode import make_env
 from agentrl.errors import GraderError
-from agentrl.runner import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.evidence import Grade

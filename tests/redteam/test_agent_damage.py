@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.agent import run_episode
+from agentrl.episode import run_episode
 from agentrl.errors import SandboxBroken, SandboxError
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler

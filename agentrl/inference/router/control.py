@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import ConfigError, SamplerError
+from agentrl.http import free_port
 from agentrl.inference.base import PauseMode, Transfer
 from agentrl.inference.router.replica import (
     ControlError,
@@ -313,7 +313,7 @@ class ControlPlane:
                 offsets.append(world)
                 world += replica.world_size
         transport = make_transport(self.transfer)
-        port = _free_port(self.master_address)
+        port = free_port(self.master_address)
         calls = [
             self.http.request(
                 r,
@@ -342,9 +342,3 @@ class ControlPlane:
             return failed | {r.name: why for r in members if r.name not in failed}
         self._transport, self._group = transport, tuple(r.name for r in members)
         return failed
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

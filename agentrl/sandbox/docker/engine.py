@@ -14,6 +14,7 @@ import requests
 from docker.errors import APIError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from agentrl import errors
 from agentrl.errors import SandboxError
 
 RUN, NAME, OWNER, EXPIRES = "agentrl.run", "agentrl.name", "agentrl.owner", "agentrl.expires"
@@ -57,8 +58,8 @@ def first_line(exc: BaseException) -> str:
         host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         how = "did not answer in time" if isinstance(exc, requests.Timeout) else "is unreachable"
         return f"the Docker engine at {host} {how} (is it running, or restarting?)"
-    text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
-    return str(text).strip().splitlines()[0][:300]
+    explanation = getattr(exc, "explanation", None)  # docker's APIError: the engine's words
+    return errors.first_line(str(explanation) if explanation else exc, limit=300)
 
 
 def gone(container_id: str, why: str) -> SandboxError:

@@ -14,14 +14,14 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Literal
+from typing import Any
 
 import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from agentrl.errors import ConfigError, SandboxError, SnapshotGone
-from agentrl.sandbox.base import FORCED_ENV, SandboxSpec
+from agentrl.sandbox.base import FORCED_ENV, Capabilities, SandboxSpec
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
     NAME,
@@ -35,7 +35,7 @@ from agentrl.sandbox.docker.engine import (
     slug,
     top,
 )
-from agentrl.sandbox.docker.reap import reap, remove_snapshot, snapshot_bytes
+from agentrl.sandbox.docker.reap import reap, remove_run, remove_snapshot, snapshot_bytes
 from agentrl.sandbox.docker.sandbox import DockerSandbox, InitState
 from agentrl.sandbox.images import docker_client, missing_image_fix
 
@@ -64,7 +64,16 @@ CAPS = [
 class DockerProvider:
     """Starts `DockerSandbox`es; reaps what dead runs left when constructed."""
 
-    name: Literal["docker", "local"] = "docker"
+    name = "docker"
+    capabilities = Capabilities(
+        images=True,
+        shell=True,
+        snapshots=True,
+        grading_copy=True,
+        network=True,
+        metered=True,
+        mounts=True,
+    )
 
     def __init__(
         self,
@@ -111,6 +120,10 @@ class DockerProvider:
     async def remove_snapshot(self, snapshot_id: str) -> int:
         """Remove a snapshot image; returns the bytes its layer held (0 if already gone)."""
         return await asyncio.to_thread(remove_snapshot, self.client, snapshot_id) or 0
+
+    def end_run(self, run_id: str) -> None:
+        """Remove every container of `run_id` still there (its snapshots stay, for replay)."""
+        remove_run(self.client, run_id)
 
     async def _launch(self, spec: SandboxSpec, image: str) -> DockerSandbox:
         async with self._starts:

@@ -1,3 +1,4 @@
+# Over 400 lines: one container's calls (exec, files, commits, seal, close) share its handle.
 """`DockerSandbox`: one container, driven through the engine's API.
 
 Blocking SDK calls run in threads; command output is read from the exec's socket on

@@ -36,10 +36,11 @@ class SweBenchEnv(TaskEnv):
         return (await self._image_pair(instance))[1]
 
     async def _image_pair(self, instance: Instance) -> tuple[str, str]:
-        if self.provider.name != "docker":
+        if not self.provider.capabilities.images:
             raise ConfigError(
                 f"instance {instance.id}: SWE-bench instances need the docker provider "
-                f"(the repository lives in the image at {WORKDIR})",
+                f"(the repository lives in the image at {WORKDIR}; sandbox provider "
+                f"{self.provider.name!r} runs no image)",
                 fix="run with the docker sandbox provider",
             )
         async with self._locks.setdefault(instance.id, asyncio.Lock()):

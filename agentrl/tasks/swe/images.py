@@ -18,8 +18,9 @@ from pathlib import Path
 
 from docker.errors import ImageNotFound
 
+from agentrl import atomic
+from agentrl.cache import cache_root
 from agentrl.errors import ConfigError, ImageBuildError
-from agentrl.inference.embedded import cache_root
 from agentrl.sandbox.images import ImageInfo, build_recipe, docker_client, folder_hash
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance
 from agentrl.tasks.swe import BASE_TAG, R2E_RUNNER, R2E_TESTS, WORKDIR, Format
@@ -238,9 +239,7 @@ def _single_top_folder(archive: Path) -> bool:
 def _write_if_changed(path: Path, data: bytes) -> None:
     if path.is_file() and path.read_bytes() == data:
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic.write_bytes(path, data)
 
 
 def _present(image: str) -> bool:

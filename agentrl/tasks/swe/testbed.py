@@ -31,8 +31,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl import atomic
+from agentrl.cache import cache_root
 from agentrl.errors import ImageBuildError
-from agentrl.inference.embedded import cache_root
 from agentrl.sandbox.images import ImageInfo, Progress, build_recipe, extra_cas
 from agentrl.tasks.spec import DEFAULT_IMAGE
 from agentrl.tasks.swe import WORKDIR
@@ -124,9 +125,7 @@ def make_archive(mirror: Path, commit: str, out: Path, *, branch: str = "main") 
             files[f"objects/pack/{path.name}"] = path.read_bytes()
         data = _targz({f".git/{k}": v for k, v in files.items()}, [".git/refs/tags"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(f".{out.name}.tmp")
-    tmp_out.write_bytes(data)
-    tmp_out.replace(out)
+    atomic.write_bytes(out, data)
     return hashlib.sha256(data).hexdigest()
 
 

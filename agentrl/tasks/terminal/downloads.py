@@ -21,8 +21,9 @@ from pathlib import Path
 
 from docker import DockerClient
 
+from agentrl.atomic import atomic_file, atomic_folder
+from agentrl.cache import cache_root
 from agentrl.errors import GraderError
-from agentrl.inference.embedded import cache_root
 
 PROVIDED_PYTHON = "3.13"
 """The Python brought for sandboxes without one (the version Terminal-Bench 2 tests ask uv
@@ -55,16 +56,14 @@ def python_archive() -> Path:
         client = docker_client(timeout=600)
         container = client.containers.create(info.tag, ["true"])
         try:
-            partial = folder / ".python.tar.gz.tmp"
             stream, _ = container.get_archive("/python")
-            with tempfile.TemporaryFile() as raw:
+            with tempfile.TemporaryFile() as raw, atomic_file(archive) as partial:
                 for chunk in stream:
                     raw.write(chunk)
                 raw.seek(0)
                 with tarfile.open(fileobj=raw) as src, tarfile.open(partial, "w:gz") as dst:
                     for member in src:
                         dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-            partial.replace(archive)
         finally:
             container.remove(force=True)
             client.close()
@@ -97,34 +96,31 @@ def _download_debs(client: DockerClient, image_id: str, packages: list[str], fol
 
     from agentrl.sandbox.images import build_network
 
-    scratch = folder.with_name(f"{folder.name}.partial")
-    shutil.rmtree(scratch, ignore_errors=True)
-    (scratch / "partial").mkdir(parents=True)
     names = " ".join(shlex.quote(p) for p in packages)
     script = (
         "apt-get update -qq >/dev/null 2>&1; "
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only "
         f"-o Dir::Cache::Archives=/agentrl-debs {names} 2>&1 | tail -3"
     )
-    try:
-        out = client.containers.run(
-            image_id,
-            ["-c", script],
-            entrypoint=["sh"],
-            user="0",
-            network_mode=build_network(),
-            volumes={str(scratch): {"bind": "/agentrl-debs", "mode": "rw"}},
-            remove=True,
-        )
-    except DockerException as exc:
-        out = str(exc).encode()
-    text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
-    found = any(scratch.glob("*.deb"))
-    why = "" if found or "E:" not in text else " | ".join(text.strip().splitlines()[-2:])
-    shutil.rmtree(scratch / "partial", ignore_errors=True)
-    (scratch / ".complete").write_text(why[:300] + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    scratch.rename(folder)
+    with atomic_folder(folder, replace=True) as scratch:
+        (scratch / "partial").mkdir()
+        try:
+            out = client.containers.run(
+                image_id,
+                ["-c", script],
+                entrypoint=["sh"],
+                user="0",
+                network_mode=build_network(),
+                volumes={str(scratch): {"bind": "/agentrl-debs", "mode": "rw"}},
+                remove=True,
+            )
+        except DockerException as exc:
+            out = str(exc).encode()
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        found = any(scratch.glob("*.deb"))
+        why = "" if found or "E:" not in text else " | ".join(text.strip().splitlines()[-2:])
+        shutil.rmtree(scratch / "partial", ignore_errors=True)
+        (scratch / ".complete").write_text(why[:300] + "\n")
 
 
 def uv_binaries(version: str) -> Path:
@@ -139,10 +135,9 @@ def uv_binaries(version: str) -> Path:
         with zipfile.ZipFile(wheel) as archive:
             for name in ("uv", "uvx"):
                 member = next(n for n in archive.namelist() if n.endswith(f".data/scripts/{name}"))
-                target = folder / f".{name}.tmp"
-                target.write_bytes(archive.read(member))
-                target.chmod(0o755)
-                target.replace(folder / name)
+                with atomic_file(folder / name) as target:
+                    target.write_bytes(archive.read(member))
+                    target.chmod(0o755)
     return folder
 
 

@@ -38,32 +38,35 @@ class TerminalEnv(TaskEnv):
 
     _image_workdir: str | None = None
 
-    async def _resolve_image(self) -> str:
+    async def resolve_image(self) -> str:
         prebuilt = prebuilt_image(Path(self.task.path))
         if (
             self.task.spec.sandbox.recipe
             and prebuilt
-            and self.provider.name == "docker"
+            and self.provider.capabilities.images
             and await asyncio.to_thread(_present, prebuilt)
         ):
             return prebuilt
-        return await super()._resolve_image()
+        return await super().resolve_image()
 
     async def spec(self, instance: Instance, name: str) -> SandboxSpec:
         """The task's sandbox; where the task names no working directory, the image's
         (as the harness's terminal starts there)."""
         spec = await super().spec(instance, name)
-        if self.task.spec.sandbox.workdir != WORKDIR_OF_IMAGE or self.provider.name != "docker":
+        if (
+            self.task.spec.sandbox.workdir != WORKDIR_OF_IMAGE
+            or not self.provider.capabilities.images
+        ):
             return spec
         if self._image_workdir is None:
             self._image_workdir = await asyncio.to_thread(_working_dir, spec.image)
         return spec.model_copy(update={"workdir": self._image_workdir})
 
-    def _scope(self, workdir: str) -> GradeScope:
+    def grade_scope(self, workdir: str) -> GradeScope:
         """The task's scope, less what the test scripts' uv or venv make in the workdir."""
         needs = offline.read_scripts(verifier_scripts(Path(self.task.path)))
         runtime = tuple(posixpath.join(workdir, name) for name in needs.project)
-        return super()._scope(workdir).model_copy(update={"runtime": runtime})
+        return super().grade_scope(workdir).model_copy(update={"runtime": runtime})
 
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         folder = Path(self.task.path)

@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from agentrl.errors import ConfigError
@@ -25,6 +24,7 @@ from agentrl.tasks.spec import (
     TaskSpec,
 )
 from agentrl.tasks.terminal import DEFAULT_TEST_TIMEOUT_S, TESTS_DIR, Format
+from agentrl.yamlfile import load_yaml
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 WORKDIR_OF_IMAGE = "/"
@@ -219,24 +219,17 @@ def _declared_outputs(extension: object, path: Path) -> list[str]:
 
 
 def _yaml(path: Path) -> dict[str, Any]:
-    data = _load_yaml(path)
+    data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
 
 
 def _yaml_list(path: Path) -> list[Any]:
-    data = _load_yaml(path)
+    data = load_yaml(path)
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a list at the top level")
     return data
-
-
-def _load_yaml(path: Path) -> object:
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
 def _table(data: dict[str, Any], key: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from agentrl.backends.config import LoraSpec
 from agentrl.errors import ConfigError
+from agentrl.weights.config import LoraSpec
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def check_untied(sampler: object) -> None:
                 "publish: lora train_unembed adapts lm_head, which this model ties to its "
                 "input embedding, but the sampler's model ties them too: loading the merged "
                 "lm_head would change its input embedding",
-                fix="untie the sampler's model first (agentrl.backends.lora.untie_output), "
+                fix="untie the sampler's model first (agentrl.weights.lora.untie_output), "
                 "or set lora.train_unembed: false",
             )
     elif sampler is not None:

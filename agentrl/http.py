@@ -1,4 +1,6 @@
-"""The HTTP layer of agentrl's two servers (`agentrl serve`, `agentrl serve-tinker`).
+# Over 400 lines: the request skeleton (App) and the stdlib server that feeds it share one Handler.
+"""The HTTP layer of every agentrl server (`agentrl serve`, `serve-tinker`, the gateway,
+the viewer), at the bottom so any layer may serve; and free ports to listen on.
 
 An `App` is a table of routes: `(method, path)` -> a handler and the pydantic model its
 request is validated into (from the JSON body, or the query string). `App.answer`
@@ -37,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.errors import AgentRLError, ConfigError, one_line
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -189,8 +191,24 @@ def wait_while_connected(
             raise TimeoutError
 
 
-def one_line(message: str) -> str:
-    return " ".join(message.splitlines())
+def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct ports free on `host` now ("": every interface); whoever binds them
+    does so a moment later, so another process may take one first."""
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < n:  # all held open at once: never the same port twice
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One port free on `host` now (see `free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def load_json(body: bytes) -> object:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import publish_folder
 from agentrl.errors import ConfigError
 
 # Fault injection for crash tests: seconds to sleep after each checkpoint file is written.
@@ -50,16 +51,9 @@ def begin_checkpoint(root: Path, step: int) -> tuple[Path, Path]:
 
 
 def commit_checkpoint(tmp: Path, final: Path) -> Path:
-    """Make `tmp` durable, then publish it as `final` in one rename."""
-    fsync_dir(tmp)
-    if final.exists():  # saved twice at one step: move the old one aside, marked torn
-        old = final.with_name(f"{final.name}.tmp-old-{os.getpid()}")
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    fsync_dir(final.parent)
+    """Make `tmp` durable, then publish it as `final` in one rename (saved twice at one
+    step: the old one is moved aside first, named as torn)."""
+    publish_folder(tmp, final, replace=True, durable=True)
     return final
 
 
@@ -84,14 +78,6 @@ def synced(fd: int) -> None:
     pause = float(os.environ.get(PAUSE_ENV) or 0)
     if pause > 0:
         time.sleep(pause)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_torch(obj: object, path: Path) -> None:

@@ -1,6 +1,7 @@
-"""An episode played by an external agent harness (a task's `agent:`), in place of
-agentrl's own loop: RUN starts the harness pointed at a gateway session, records every
-model call it makes (`Recorder`), and ends when the harness exits.
+"""The harness player: an episode played by an external agent harness (a task's
+`agent:`), in place of agentrl's own loop: RUN starts the harness pointed at a gateway
+session, records every model call it makes (`Recorder`, the episode's ledger), and ends
+when the harness exits.
 
 The harness runs `beside` the sandbox (on this machine, in a scratch folder, acting on
 the sandbox through `$AGENTRL_EXEC_URL`) or in the `sandbox` (through the sandbox's
@@ -36,16 +37,16 @@ import tempfile
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, EpisodeAborted
 from agentrl.gateway import server
 from agentrl.gateway.recorder import Recorder
+from agentrl.play import EpisodeEnd, Play
 from agentrl.sandbox.base import ExecRequest, Metered
 from agentrl.trajectory import AgentInfo, StopReason
 
 if TYPE_CHECKING:
-    from agentrl.agent import Episode, Gate
     from agentrl.tasks.spec import AgentConfig
 
 HARNESSES = Path(__file__).resolve().parent.parent / "harnesses"
@@ -59,36 +60,44 @@ def harness_name(agent: AgentConfig) -> str:
     return agent.name or Path(words[0]).name
 
 
-async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
-    """RUN for an external agent: the stop reason the episode ends with, or None when
-    it failed (`episode.fail`); raises what `Episode.boundary` turns into one (a sampler
-    failure, a timeout). See the module docstring."""
-    agent = episode.task.spec.agent
-    assert agent is not None and episode.sandbox is not None  # run() checks
-    if agent.where == "sandbox" and episode.sandbox.spec.node is not None:
+class HarnessPlayer:
+    """Plays RUN with the task's external harness (`agent:`), through a gateway session."""
+
+    task_tools = False
+
+    async def play(self, ctx: Play) -> NoReturn:
+        raise EpisodeEnd(await _play(ctx))
+
+
+async def _play(ctx: Play) -> StopReason:
+    """The stop reason the harness ended with; raises what failed it (see the module
+    docstring): `EpisodeAborted` for the harness's own failures."""
+    agent = ctx.task.spec.agent
+    assert agent is not None  # the factory plays a task with this player only then
+    if agent.where == "sandbox" and ctx.sandbox.spec.node is not None:
         raise ConfigError(
-            f"agent.where: sandbox on cluster node {episode.sandbox.spec.node}: the harness "
+            f"agent.where: sandbox on cluster node {ctx.sandbox.spec.node}: the harness "
             "there cannot reach this machine's gateway",
             fix="use agent.where: beside (the harness runs here and acts on the sandbox "
             "through $AGENTRL_EXEC_URL), or run the sandboxes on this machine",
         )
     gateway = server.shared()
-    recorder = episode.recorder = Recorder(episode, gate, server.MODEL_NAME)
+    recorder = Recorder(ctx, server.MODEL_NAME)
+    ctx.ledger = recorder
     sid = gateway.open(recorder)
     scratch = Path(tempfile.mkdtemp(prefix="agentrl-agent-"))
-    info = AgentInfo(name=harness_name(agent), command=agent.command, where=agent.where)
-    episode.agent_info = info
+    info = ctx.agent = AgentInfo(name=harness_name(agent), command=agent.command, where=agent.where)
     try:
         if agent.where == "beside":
-            env = await _environment(episode, agent, gateway.url, sid, str(scratch))
+            env = await _environment(ctx, agent, gateway.url, sid, str(scratch))
             info.exit_code, log = await _beside(agent, env, scratch, recorder)
         else:
-            # A sandbox with no network has the gateway's socket mounted (TaskEnv.spec).
-            socket = server.SANDBOX_SOCKET_DIR in episode.sandbox.spec.mounts.values()
+            # A sandbox with no network has the gateway's socket mounted (`mounts`).
+            socket = server.SANDBOX_SOCKET_DIR in ctx.sandbox.spec.mounts.values()
             url = f"http://127.0.0.1:{FORWARD_PORT}" if socket else gateway.url
             inside = f"/tmp/agentrl-agent-{uuid.uuid4().hex[:12]}"
-            env = await _environment(episode, agent, url, sid, inside)
-            info.exit_code, log = await _inside(episode, agent, env, recorder, socket, inside)
+            env = await _environment(ctx, agent, url, sid, inside)
+            info.exit_code, log = await _inside(ctx, agent, env, recorder, socket, inside)
         info.log_tail = log[-LOG_TAIL_BYTES:]
     finally:
         recorder.close()
@@ -96,42 +105,45 @@ async def run_harness(episode: Episode, gate: Gate) -> StopReason | None:
         info.calls, info.edits, info.drift = recorder.calls, recorder.edits, recorder.drift
         info.overridden = dict(recorder.overridden)
         shutil.rmtree(scratch, ignore_errors=True)
-    episode.snapshot_last_turn()
+    ctx.snapshot_last_turn()
     if recorder.failure is not None:
         raise recorder.failure
     if recorder.stop is not None:
         return recorder.stop
     last = info.log_tail.strip().splitlines()[-1:] or ["(it printed nothing)"]
     if info.exit_code not in agent.ok_exit_codes:
-        episode.fail(
-            StopReason.aborted,
+        raise EpisodeAborted(
             f"the agent harness {info.name!r} exited {info.exit_code}: {last[0][:300]}",
-            "run the task's agent.command by hand to see why (or list the exit code in "
+            fix="run the task's agent.command by hand to see why (or list the exit code in "
             "agent.ok_exit_codes if it means a normal end)",
         )
-        return None
     if recorder.calls == 0:
-        episode.fail(
-            StopReason.aborted,
+        raise EpisodeAborted(
             f"the agent harness {info.name!r} exited without calling the model: {last[0][:300]}",
-            "point the harness at $OPENAI_BASE_URL with the key $OPENAI_API_KEY",
+            fix="point the harness at $OPENAI_BASE_URL with the key $OPENAI_API_KEY",
         )
-        return None
     return StopReason.finished
 
 
+def mounts(agent: AgentConfig | None) -> dict[str, str]:
+    """What a sandbox of a task played by `agent` mounts: the gateway's socket folder,
+    for a harness inside the sandbox (the sandbox has no network to reach it by)."""
+    if agent is None or agent.where != "sandbox":
+        return {}
+    return {server.shared().socket_dir(): server.SANDBOX_SOCKET_DIR}
+
+
 async def _environment(
-    episode: Episode, agent: AgentConfig, url: str, sid: str, scratch: str
+    ctx: Play, agent: AgentConfig, url: str, sid: str, scratch: str
 ) -> dict[str, str]:
     """The harness's environment: the session at `url`, its scratch folder `scratch` (on
     this machine beside the sandbox, in the sandbox otherwise) holding the task text."""
-    assert episode.sandbox is not None
-    task_text = episode.instance.render(episode.task.spec.prompt.instance)
+    task_text = ctx.instance.render(ctx.task.spec.prompt.instance)
     task_file = f"{scratch}/task.txt"
     if agent.where == "beside":
         Path(task_file).write_text(task_text, encoding="utf-8")
     else:
-        await episode.sandbox.write_file(task_file, task_text.encode())
+        await ctx.sandbox.write_file(task_file, task_text.encode())
     base = f"{url}/sessions/{sid}/v1"
     ours = {
         "OPENAI_BASE_URL": base,
@@ -141,12 +153,12 @@ async def _environment(
         "AGENTRL_TASK": task_text,
         "AGENTRL_TASK_FILE": task_file,
         "AGENTRL_AGENT_DIR": scratch,
-        "AGENTRL_TRAJECTORY_ID": episode.trajectory_id,
+        "AGENTRL_TRAJECTORY_ID": ctx.trajectory_id,
     }
     if agent.where == "beside":
         ours["AGENTRL_EXEC_URL"] = f"{url}/sessions/{sid}/exec"
         ours["AGENTRL_HARNESSES"] = str(HARNESSES)
-        ours["AGENTRL_TASK_DIR"] = str(Path(episode.task.base_dir).resolve())
+        ours["AGENTRL_TASK_DIR"] = str(Path(ctx.task.base_dir).resolve())
     # The gateway is on this machine (or this sandbox): never through a proxy.
     local = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost"]))
     ours["NO_PROXY"] = ours["no_proxy"] = local
@@ -185,7 +197,7 @@ async def _beside(
 
 
 async def _inside(
-    episode: Episode,
+    ctx: Play,
     agent: AgentConfig,
     env: dict[str, str],
     recorder: Recorder,
@@ -194,8 +206,7 @@ async def _inside(
 ) -> tuple[int | None, str]:
     """Run the harness in the sandbox through its exec; stopped with the sandbox's
     processes when its episode is over. `forwarded`: behind the socket forwarder."""
-    sandbox = episode.sandbox
-    assert sandbox is not None
+    sandbox = ctx.sandbox
     command = agent.command
     if forwarded:
         forward = f"{scratch}/forward.py"
@@ -210,7 +221,7 @@ async def _inside(
             '(is python3 in the image?)"; exit 127; }; '
             'bash -c "$AGENTRL_AGENT_COMMAND"; code=$?; kill %1 2>/dev/null; exit $code'
         )
-    limits = episode.task.spec.limits
+    limits = ctx.limits
     request = ExecRequest(command=command, timeout=limits.episode_timeout * 10, env=env)
     run = asyncio.ensure_future(sandbox.exec(request))
     try:

@@ -149,3 +149,25 @@ def test_a_task_whose_init_stays_in_the_outputs_commits_nothing(
     kept, grade = asyncio.run(main())
     assert not kept
     assert grade.reward == 1.0, grade.evidence
+
+
+def test_the_init_state_goes_with_the_last_snapshot_that_names_it(task: Task, run_id: str) -> None:
+    """A sandbox that took snapshots leaves its INIT state for them at close; removing the
+    last of them (a success retention does not keep) removes it too: nothing of the run
+    is left on the engine (before, every such episode left its INIT state behind)."""
+
+    async def main() -> None:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        sandbox = await env.init(task.instances[0], "snapshotted")
+        try:
+            first = await sandbox.snapshot("one")
+            second = await sandbox.snapshot("two")
+        finally:
+            await sandbox.close()
+        assert len(_images(run_id)) == 3, "two snapshots and the INIT state they name"
+        await env.remove_snapshot(first)
+        assert len(_images(run_id)) == 2, "the other snapshot still names the INIT state"
+        assert await env.remove_snapshot(second) > 0
+        assert _images(run_id) == []
+
+    asyncio.run(main())

@@ -63,23 +63,26 @@ def serve(args: argparse.Namespace) -> int:
         sampler = LocalSampler.for_model(args.model)
         tokenizer = sampler.tokenizer or model_tokenizer(args.model)
     server, url = serve(sampler, tokenizer, port=args.port, model_name=name)
-    console.print(f"serving {name} at {url}")
     root = url.removesuffix("/v1")
-    console.print(
-        f"use it with: agentrl run TASK --policy openai:{url}, or as one of the replicas of "
-        f"agentrl train CONFIG --servers {root},...   (Ctrl-C stops)",
-    )
     try:
-        _wait_for_stop()
+        _serve_until_stopped(
+            f"serving {name} at {url}",
+            f"use it with: agentrl run TASK --policy openai:{url}, or as one of the replicas "
+            f"of agentrl train CONFIG --servers {root},...   (Ctrl-C stops)",
+        )
     finally:
         server.close()
         asyncio.run(sampler.close())
     return 0
 
 
-def _wait_for_stop() -> None:
-    """Block until Ctrl-C (or SIGTERM, which `_terminate` turns into one)."""
+def _serve_until_stopped(*lines: str) -> None:
+    """Say `lines` (the URL first: a client may act on it at once), then block until
+    Ctrl-C (or SIGTERM, which `_terminate` turns into one); a stop that comes while they
+    are said is a stop like any other, not an interruption."""
     try:
+        for line in lines:
+            console.print(line)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -100,13 +103,12 @@ def serve_tinker(args: argparse.Namespace) -> int:
         api_key=args.api_key,
     )
     config = server.service.config
-    console.print(f"serving the Tinker API for {config.name} at {server.url}")
-    console.print(
-        f"use it with: tinker.ServiceClient(base_url={server.url!r}, api_key='tml-...'); "
-        f"save_state writes to {config.state_dir}   (Ctrl-C stops)",
-    )
     try:
-        _wait_for_stop()
+        _serve_until_stopped(
+            f"serving the Tinker API for {config.name} at {server.url}",
+            f"use it with: tinker.ServiceClient(base_url={server.url!r}, api_key='tml-...'); "
+            f"save_state writes to {config.state_dir}   (Ctrl-C stops)",
+        )
     finally:
         server.close()
     return 0

@@ -26,6 +26,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 from agentrl.sandbox.base import snapshots_root
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
+    INIT_STATE,
     OWNER,
     RUN,
     SNAPSHOT_OF,
@@ -202,15 +203,36 @@ def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
 
 
 def remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None:
-    """Remove one snapshot image; the bytes freed, or None if nothing was removed."""
+    """Remove one snapshot image; the bytes freed, or None if nothing was removed. The
+    image of its sandbox as INIT left it (`keep_init`), which the sandbox left for its
+    snapshots when it closed, goes with the last snapshot that names it."""
     try:
         size = snapshot_bytes(client, snapshot_id)
+        init = (client.api.inspect_image(snapshot_id)["Config"].get("Labels") or {}).get(INIT_STATE)
         client.api.remove_image(snapshot_id, force=True)
     except NotFound:
         return None
     except (DockerException, requests.RequestException) as exc:  # e.g. a child image uses it
         log.warning("kept snapshot %s: %s", snapshot_id[:19], first_line(exc))
         return None
+    if init:
+        size += _remove_unnamed_init_state(client, init)
+    return size
+
+
+def _remove_unnamed_init_state(client: docker.DockerClient, image: str) -> int:
+    """Remove an INIT-state image no snapshot names any more; the bytes freed. One a
+    container still runs from (a sandbox still open) stays: the engine refuses it."""
+    try:
+        if client.api.images(all=True, filters={"label": f"{INIT_STATE}={image}"}):
+            return 0
+        size = snapshot_bytes(client, image)
+        client.api.remove_image(image)
+    except NotFound:
+        return 0
+    except (DockerException, requests.RequestException) as exc:
+        log.debug("kept the INIT state %s: %s", image[:19], first_line(exc))
+        return 0
     return size
 
 

@@ -72,6 +72,11 @@ def test_the_oracle_earns_one_and_the_no_op_less(task: dict[str, Any]) -> None:
     assert folder is not None
     (row,) = check_paths([folder], DockerProvider(), concurrency=2)
     corpus.record(task["local_path"], row.model_dump())  # CI's record: the docs' table
+    unstable = task.get("unstable")
+    if unstable and not row.ok:  # the recorded way its image's random draw fails it, only
+        assert row.noop.reward == 0.0, row.noop
+        assert sorted(row.oracle.failed or []) == unstable["oracle_fails"], row.oracle
+        pytest.xfail(unstable["why"])
     assert row.ok, (
         f"{row.task}/{row.instance}: oracle {row.oracle.model_dump(exclude_none=True)}, "
         f"no-op {row.noop.model_dump(exclude_none=True)}"

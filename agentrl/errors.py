@@ -94,6 +94,12 @@ class SandboxError(AgentRLError, RuntimeError):
     """A sandbox failed (gone, unreachable, a missing image); a bad rollout, not a crash."""
 
 
+class Unsupported(SandboxError, NotImplementedError):
+    """A sandbox or provider was asked for an ability its `Capabilities` do not declare."""
+
+    default_fix = "use a sandbox provider that has it (docker has every one), or do without it"
+
+
 class SandboxBroken(SandboxError):
     """The agent stopped its own sandbox (killed its keep-alive, exhausted its memory) while
     the engine stayed healthy: the agent's failure, graded and trained on, not infrastructure."""

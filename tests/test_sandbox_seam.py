@@ -17,11 +17,11 @@ import pytest
 from sandbox_test_provider import FolderProvider
 
 from agentrl.episode import make_env, run_episode
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, Unsupported
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.scripted import ScriptedSampler
 from agentrl.sandbox import provider
-from agentrl.sandbox.base import Metered, SandboxSpec, Unsupported
+from agentrl.sandbox.base import Metered, SandboxSpec
 from agentrl.sandbox.config import CustomSandboxConfig, DockerSandboxConfig, parse_provider
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task

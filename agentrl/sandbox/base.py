@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.cache import cache_root
-from agentrl.errors import SandboxError
+from agentrl.errors import Unsupported
 from agentrl.sandbox.seal import GradeScope
 
 
@@ -221,12 +221,6 @@ class Capabilities(BaseModel):
         description="honours `spec.mounts` (host folders, read-only): how a harness inside "
         "the sandbox reaches the agent gateway's socket",
     )
-
-
-class Unsupported(SandboxError, NotImplementedError):
-    """A sandbox or provider was asked for an ability its `Capabilities` do not declare."""
-
-    default_fix = "use a sandbox provider that has it (docker has every one), or do without it"
 
 
 class Sandbox(Protocol):

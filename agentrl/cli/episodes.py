@@ -1,4 +1,4 @@
-# Over 400 lines: the commands on episodes (run, check, replay, failures, gc) share their printing.
+# Over 400 lines: the commands on episodes (run, check, replay, failures, view) share printing.
 """`agentrl run`, `check`, `replay`, `failures` and `view`: episodes of tasks, and what they
 left."""
 
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from agentrl.batch import finite
 from agentrl.cli.output import console, err_console, human_bytes, tag
 from agentrl.errors import ConfigError
 
@@ -84,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"agentrl run {task.spec.name} -> {out}")
     table.add_column("metric")
     table.add_column("value")
+    from agentrl.batch import finite
+
     infra_keys = ("infra_failures", "infra_error", "infra_fix")
     for key, value in finite(
         summary.model_dump(exclude={*infra_keys, "complete", "missing"})

@@ -196,7 +196,11 @@ def gc(
 
 def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
     """Disk the snapshot's own layer takes (its size less its parent image's)."""
-    info = client.api.inspect_image(snapshot_id)
+    return _own_bytes(client, client.api.inspect_image(snapshot_id))
+
+
+def _own_bytes(client: docker.DockerClient, info: dict[str, Any]) -> int:
+    """Of an inspected image: its size less its parent image's."""
     parent = info.get("Parent")
     base = client.api.inspect_image(parent)["Size"] if parent else 0
     return max(0, int(info["Size"]) - int(base))
@@ -207,8 +211,9 @@ def remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None
     image of its sandbox as INIT left it (`keep_init`), which the sandbox left for its
     snapshots when it closed, goes with the last snapshot that names it."""
     try:
-        size = snapshot_bytes(client, snapshot_id)
-        init = (client.api.inspect_image(snapshot_id)["Config"].get("Labels") or {}).get(INIT_STATE)
+        info = client.api.inspect_image(snapshot_id)
+        size = _own_bytes(client, info)
+        init = (info["Config"].get("Labels") or {}).get(INIT_STATE)
         client.api.remove_image(snapshot_id, force=True)
     except NotFound:
         return None
@@ -221,8 +226,10 @@ def remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None
 
 
 def _remove_unnamed_init_state(client: docker.DockerClient, image: str) -> int:
-    """Remove an INIT-state image no snapshot names any more; the bytes freed. One a
-    container still runs from (a sandbox still open) stays: the engine refuses it."""
+    """Remove an INIT-state image no snapshot names any more; the bytes freed. Snapshots
+    are removed after their episode's EVAL (retention at close, branch reclaiming), so
+    no grading copy is still to be made from it; one a grading copy runs from stays (the
+    engine refuses it)."""
     try:
         if client.api.images(all=True, filters={"label": f"{INIT_STATE}={image}"}):
             return 0

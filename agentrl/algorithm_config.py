@@ -35,6 +35,15 @@ class BranchConfig(BaseModel):
         "value of the state they started from); default: they only estimate values",
     )
 
+    pool: bool = Field(
+        default=False,
+        description="pool the samples of identical states: siblings that sampled the same "
+        "tokens and saw the same observations share the states they passed, each a free "
+        "sample of the others' values, and a state is branched once for the group, only "
+        "for the continuations its siblings do not already give (for tasks whose state is "
+        "what its history made it)",
+    )
+
     @model_validator(mode="after")
     def _options_of_select(self) -> BranchConfig:
         owner = {"every": "every", "count": "count"}

@@ -43,6 +43,8 @@ a micro-batch, so micro-batches (split along B) sum exactly to the full-batch lo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -148,7 +150,29 @@ class BranchCredit:
 
     outcome: dict[str, float]  # GRPO's advantage per trajectory (continuations: 0.0)
     per_turn: dict[str, list[float]]  # the advantage of each turn, per trajectory
-    values: dict[tuple[str, int], tuple[float, int]]  # (id, turn) -> (V of the state, n)
+    values: dict[tuple[str, int], tuple[float, int]]  # (state, turn) -> (V of the state, n)
+
+
+def state_keys(traj: Trajectory, pool: bool) -> list[tuple[str, int]]:
+    """keys[t] names the state before turn t of `traj` (t = 0 .. its turns - 1), as the
+    branch estimator pools samples of its value. Without `pool` a state is one episode's
+    (its trajectory id and t; a continuation's are its parent's, which it shares up to its
+    branch point). With `pool` it is the group's and the exact history before it: the
+    sampled token ids of every earlier turn, with what each observed, so siblings that
+    sampled the same tokens and saw the same observations share their states (each a
+    free sample of the others' values). That assumes, as branching from a snapshot does,
+    that a state is what its history made it."""
+    if not pool:
+        owner = traj.branch_of.trajectory_id if traj.branch_of is not None else traj.trajectory_id
+        return [(owner, t) for t in range(len(traj.turns))]
+    ledgers = traj.ledgers()
+    digest = hashlib.sha256(traj.group_id.encode())
+    keys = []
+    for t, turn in enumerate(traj.turns):
+        keys.append((digest.hexdigest()[:32], t))
+        ids = ledgers[turn.segment].response_ids[turn.span[0] : turn.span[1]]
+        digest.update(json.dumps([turn.kind, ids, turn.observation]).encode())
+    return keys
 
 
 def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -> BranchCredit:
@@ -170,9 +194,16 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
     episode's own reward (which depends on the turn it baselines). Continuations enter no
     group statistic; with `branch.train` each gets (R - V(s_t)) / sigma on its own turns,
     RLOO-like at the restored state.
+
+    With `branch.pool` (`state_keys`), every episode that passes through a state is a
+    sample of its value: a fresh episode of every state it passed, a continuation of its
+    branch point's and every later one; an episode's own reward is left out of the values
+    it is credited against (a continuation's too, with `train`), so a state its siblings
+    also passed has a value without any branch.
     """
     cfg = config.branch
     train = cfg is not None and cfg.train
+    pool = cfg is not None and cfg.pool
     fresh = [t for t in trajectories if t.branch_of is None]
     outcome = compute_advantages(trajectories, config)
     groups = _rewards_by_group(fresh)
@@ -183,35 +214,52 @@ def branch_credit(trajectories: Sequence[Trajectory], config: AdvantageConfig) -
         mean[gid] = math.fsum(rewards) / len(rewards)
         spread = sample_std(rewards) if config.normalize_std else 0.0
         scale[gid] = spread + config.eps if spread > 0 else 1.0
-    returns: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for c in trajectories:
-        if c.branch_of is not None and c.trainable and c.reward is not None:
-            returns[(c.branch_of.trajectory_id, c.branch_of.turn)].append(c.reward)
-    values = {key: (math.fsum(rs) / len(rs), len(rs)) for key, rs in returns.items()}
+    keys = {t.trajectory_id: state_keys(t, pool) for t in trajectories}
+    samples: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for t in trajectories:
+        if not t.trainable or t.reward is None:
+            continue
+        if t.branch_of is not None:
+            start = t.branch_of.turn
+            passed = range(start, len(t.turns)) if pool else [start]
+        else:
+            passed = range(1, len(t.turns)) if pool else []
+        for u in passed:
+            samples[keys[t.trajectory_id][u]][t.trajectory_id] = t.reward
+
+    def value(key: tuple[str, int], without: str) -> float | None:
+        rs = [r for tid, r in samples.get(key, {}).items() if not (pool and tid == without)]
+        return math.fsum(rs) / len(rs) if rs else None
+
+    values = {key: (math.fsum(rs.values()) / len(rs), len(rs)) for key, rs in samples.items()}
     parents = {t.trajectory_id: t for t in fresh}
     per_turn: dict[str, list[float]] = {}
     for t in trajectories:
-        n = len(t.turns)
-        per_turn[t.trajectory_id] = [0.0] * n
+        n, tid = len(t.turns), t.trajectory_id
+        per_turn[tid] = [0.0] * n
         if not t.trainable or t.reward is None:
             continue
         if t.branch_of is not None:
             parent = parents.get(t.branch_of.trajectory_id)
-            key = (t.branch_of.trajectory_id, t.branch_of.turn)
-            if train and parent is not None and parent.trainable and key in values:
-                a = (t.reward - values[key][0]) / scale[parent.group_id]
-                per_turn[t.trajectory_id] = [0.0] * t.branch_of.turn + [a] * (n - t.branch_of.turn)
+            b = t.branch_of.turn
+            v_start = value(keys[tid][b], tid)
+            if train and parent is not None and parent.trainable and v_start is not None:
+                a = (t.reward - v_start) / scale[parent.group_id]
+                per_turn[tid] = [0.0] * b + [a] * (n - b)
             continue
-        cuts = [u for u in range(1, n) if (t.trajectory_id, u) in values]
-        if not cuts:
-            per_turn[t.trajectory_id] = [outcome[t.trajectory_id]] * n
+        v = {0: mean[t.group_id], n: t.reward}
+        for u in range(1, n):
+            vu = value(keys[tid][u], tid)
+            if vu is not None:
+                v[u] = vu
+        if len(v) == 2:
+            per_turn[tid] = [outcome[tid]] * n
             continue
-        v = {0: mean[t.group_id], n: t.reward} | {u: values[(t.trajectory_id, u)][0] for u in cuts}
-        bounds = [0, *cuts, n]
+        bounds = sorted(v)
         advs: list[float] = []
         for a, b in zip(bounds, bounds[1:], strict=False):
             advs += [(v[b] - v[a]) / scale[t.group_id]] * (b - a)
-        per_turn[t.trajectory_id] = advs
+        per_turn[tid] = advs
     return BranchCredit(outcome, per_turn, values)
 
 

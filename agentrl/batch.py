@@ -53,6 +53,9 @@ class BatchStats(BaseModel):
     )
     gen_seconds: float = Field(default=0.0, description="seconds the sampler worked, summed")
     tool_seconds: float = Field(default=0.0, description="seconds the tools worked, summed")
+    sandbox_seconds: float = Field(
+        default=0.0, description="seconds the episodes held a sandbox (INIT, turns, EVAL), summed"
+    )
     agent: dict[str, int] = Field(
         default_factory=dict,
         description="episodes an external harness played: their model calls, edits (calls "
@@ -109,8 +112,14 @@ def batch_stats(trajs: Sequence[Trajectory]) -> dict[str, Any]:
         segments=sum(len(t.segments) for t in trajs),
         gen_seconds=round(sum(turn.gen_seconds for turn in turns), 3),
         tool_seconds=round(sum(turn.tool_seconds for turn in turns), 3),
+        sandbox_seconds=round(sum(sandbox_seconds(t) for t in trajs), 3),
         agent=agent_counts(trajs),
     )
+
+
+def sandbox_seconds(traj: Trajectory) -> float:
+    """Seconds the episode held its sandbox: INIT (or a restore), its turns, EVAL."""
+    return math.fsum(traj.seconds.get(stage, 0.0) for stage in ("init", "run", "eval"))
 
 
 def _per_episode(trajs: Sequence[Trajectory], count: Callable[[Trajectory], int]) -> float:

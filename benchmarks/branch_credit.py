@@ -1,9 +1,11 @@
-"""Outcome-only GRPO against branch credit on the multi-turn main job, by sampled tokens.
+"""Outcome-only GRPO against branch credit, by sampled tokens and sandbox seconds.
 
-    .venv/bin/python benchmarks/branch_credit.py [--arms outcome branch] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/branch_credit.py [--job look-then-act|trail]
+        [--arms outcome branch ...] [--seeds 0 1 2]
 
-Trains `examples/train/look-then-act.yaml` once per arm and seed, evaluating the held-out
-instances after every step (`eval.every: 1`, 2 episodes each: 36 per point):
+`--job look-then-act` (the default) trains `examples/train/look-then-act.yaml`, the
+3-turn job, once per arm and seed, evaluating the held-out instances after every step
+(`eval.every: 1`, 2 episodes each: 36 per point):
 
 - outcome: the config as shipped (grpo: every token of an episode gets its advantage);
 - branch: `algorithm.advantage.estimator: branch` (docs/training.md): for every episode,
@@ -13,16 +15,24 @@ instances after every step (`eval.every: 1`, 2 episodes each: 36 per point):
 - branch-train: the same, and the continuations are trained on too (their own turns,
   against the value of the state they started from), so their tokens are not only spent.
 
-The x-axis is sampled tokens: the training episodes' own plus, for the branch arm, the
-tokens the continuations sampled after their branch point (`branch_sampled_tokens`).
-For each seed and threshold (held-out reward 0.8 and 0.9) it finds the tokens needed to
-first reach it (linear between evaluated steps) and reports branch / outcome per seed
-and their geometric mean (each branch arm against outcome); the same at equal training
-wall time (rollout, branches and
-optimizer steps; evaluations excluded). Results go to benchmarks/results/branch_credit.json
-and a plot beside it (held-out reward against tokens and against wall time, mean and
-95% interval over seeds). Arms run one after another; `--arms` runs some and merges
-them into an existing report (each run records the commit it ran).
+`--job trail` trains `examples/train/trail.yaml`, the long-horizon job (9 tool calls a
+solved episode), with the arms that analysis says should pay there (results in
+branch_credit_long.json): outcome; branch (`k: 2` from 3 states per episode, evenly
+spread); branch-pool (the same with `pool: true`: siblings with identical histories
+are free samples of each other's states, and a state is branched once for the group);
+branch-uncertain (`select: uncertain`: the states around the 2 least certain replies,
+`k: 3` each); branch-train (branch, continuations trained on).
+
+The x-axes are sampled tokens (the training episodes' own plus, for branch arms, what
+the continuations sampled after their branch point, `branch_sampled_tokens`) and sandbox
+seconds (the seconds every training episode and continuation held a sandbox: INIT or
+restore, turns, EVAL). For each seed and threshold it finds the tokens (and sandbox
+seconds, and training wall time) needed to first reach it (linear between evaluated
+steps) and reports arm / outcome per seed and their geometric mean. Results go to the
+job's JSON and a plot beside it (held-out reward against each axis, mean and 95%
+interval over seeds). Seeds are the outer loop and arms alternate within each, so a
+change of machine load hits every arm alike; `--arms` runs some and merges them into an
+existing report (each run records the commit it ran).
 """
 
 from __future__ import annotations
@@ -41,26 +51,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_seeds import variant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "examples" / "train" / "look-then-act.yaml"
 RESULTS = Path(__file__).parent / "results"
-THRESHOLDS = (0.8, 0.9)
-COMMON: dict[str, Any] = {"eval": {"every": 1, "samples": 2}, "checkpoint": {"every": 0}}
 
 
-def branch_arm(train: bool) -> dict[str, Any]:
-    branch = {"k": 2, "select": "every", "every": 1, "train": train}
+def branch_arm(steps: int, train: bool = False, **branch: Any) -> dict[str, Any]:
     return {
-        "schedule": {"steps": 3},
-        "algorithm": {"advantage": {"estimator": "branch", "branch": branch}},
+        "schedule": {"steps": steps},
+        "algorithm": {
+            "advantage": {"estimator": "branch", "branch": {"k": 2, "train": train} | branch}
+        },
     }
 
 
-ARMS: dict[str, dict[str, Any]] = {
-    "outcome": {"schedule": {"steps": 4}},
-    "branch": branch_arm(train=False),
-    "branch-train": branch_arm(train=True),
+JOBS: dict[str, dict[str, Any]] = {
+    "look-then-act": {
+        "config": ROOT / "examples" / "train" / "look-then-act.yaml",
+        "out": RESULTS / "branch_credit.json",
+        "thresholds": (0.8, 0.9),
+        "common": {"eval": {"every": 1, "samples": 2}, "checkpoint": {"every": 0}},
+        "arms": {
+            "outcome": {"schedule": {"steps": 4}},
+            "branch": branch_arm(3, select="every", every=1),
+            "branch-train": branch_arm(3, train=True, select="every", every=1),
+        },
+    },
+    "trail": {
+        "config": ROOT / "examples" / "train" / "trail.yaml",
+        "out": RESULTS / "branch_credit_long.json",
+        "thresholds": (0.5, 0.8),
+        "common": {"eval": {"every": 2, "samples": 1}, "checkpoint": {"every": 0}},
+        "arms": {
+            "outcome": {"schedule": {"steps": 8}},
+            "branch": branch_arm(6, select="count", count=3),
+            "branch-pool": branch_arm(6, select="count", count=3, pool=True),
+            "branch-uncertain": branch_arm(6, k=3, select="uncertain", count=2),
+            "branch-train": branch_arm(6, train=True, select="count", count=3),
+        },
+    },
 }
-COLORS = {"outcome": "tab:gray", "branch": "tab:blue", "branch-train": "tab:orange"}
+COLORS = {
+    "outcome": "tab:gray",
+    "branch": "tab:blue",
+    "branch-train": "tab:orange",
+    "branch-pool": "tab:green",
+    "branch-uncertain": "tab:purple",
+}
+AXES = (("tokens", "sampled tokens"), ("sandbox_s", "sandbox seconds"), ("wall_s", "train wall s"))
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -78,13 +114,13 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty else "")
 
 
-def train(arm: str, seed: int, runs: Path) -> dict[str, Any]:
+def train(job: dict[str, Any], arm: str, seed: int, runs: Path) -> dict[str, Any]:
     """One `agentrl train` of `arm`; its curve read back from metrics.jsonl."""
     import yaml
 
-    changes = merged(COMMON, ARMS[arm])
-    base = yaml.safe_load(CONFIG.read_text())
-    config = variant(CONFIG, f"branch-credit-{arm}", merged(base, changes))
+    changes = merged(job["common"], job["arms"][arm])
+    base = yaml.safe_load(job["config"].read_text())
+    config = variant(job["config"], f"branch-credit-{arm}", merged(base, changes))
     out = runs / f"{arm}-seed-{seed}"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "agentrl.cli", "train", str(config), "--seed", str(seed)]
@@ -100,17 +136,21 @@ def train(arm: str, seed: int, runs: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "train"]
     evals = {r["step"]: r for r in rows if r["kind"] == "eval"}
-    tokens, wall, curve = 0, 0.0, []
+    tokens, sandbox, wall, curve = 0, 0.0, 0.0, []
     for step in [0] + [r["step"] for r in steps]:
         if step:
             r = steps[step - 1]
             tokens += r["sampled_tokens"] + (r.get("branch_sampled_tokens") or 0)
+            sandbox += r["sandbox_seconds"] + (r.get("branch_sandbox_seconds") or 0.0)
             wall += r["step_s"]
+        if step not in evals:  # evaluated every few steps only
+            continue
         e = evals[step]
         curve.append(
             {
                 "step": step,
                 "tokens": tokens,
+                "sandbox_s": round(sandbox, 1),
                 "wall_s": round(wall, 1),
                 "heldout": round(e["reward_mean"], 4),
                 "heldout_ci95": round(e["reward_ci95"], 4),
@@ -142,16 +182,19 @@ def first_reach(curve: list[dict[str, Any]], x: str, level: float) -> float | No
     return float(curve[0][x]) if curve and curve[0]["heldout"] >= level else None
 
 
-def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """arm / outcome of tokens (and wall) to first reach each threshold, per seed."""
+def compare(job: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """arm / outcome of tokens (sandbox seconds, wall) to first reach each threshold, per
+    seed."""
     by = {(r["arm"], r["seed"]): r for r in runs}
     out: dict[str, Any] = {}
-    for arm in [a for a in ARMS if a != "outcome"]:
+    for arm in [a for a in job["arms"] if a != "outcome"]:
         seeds = sorted({s for a, s in by if a == arm} & {s for a, s in by if a == "outcome"})
-        for x in ("tokens", "wall_s"):
-            for level in THRESHOLDS:
+        for x, _ in AXES:
+            for level in job["thresholds"]:
                 rows = []
                 for s in seeds:
+                    if x not in by[arm, s]["curve"][0]:  # a run from before the axis
+                        continue
                     b = first_reach(by[arm, s]["curve"], x, level)
                     o = first_reach(by["outcome", s]["curve"], x, level)
                     ratio = round(b / o, 3) if b and o else None
@@ -180,17 +223,16 @@ def mean_curve(runs: list[dict[str, Any]], x: str) -> tuple[list[float], list[fl
     return xs, ys, cis
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(report: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    panels = ((axes[0], "tokens", "sampled tokens"), (axes[1], "wall_s", "train wall s"))
-    for ax, x, label in panels:
+    fig, axes = plt.subplots(1, len(AXES), figsize=(5.5 * len(AXES), 4))
+    for ax, (x, label) in zip(axes, AXES, strict=True):
         for arm, color in COLORS.items():
-            runs = [r for r in report["runs"] if r["arm"] == arm]
+            runs = [r for r in report["runs"] if r["arm"] == arm and x in r["curve"][0]]
             if not runs:
                 continue
             for r in runs:
@@ -203,38 +245,54 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("held-out reward")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
-    fig.suptitle("look-then-act: outcome GRPO vs branch credit (k=2, before turns 1 and 2)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+TITLES = {
+    "look-then-act": "look-then-act: outcome GRPO vs branch credit (k=2, before turns 1 and 2)",
+    "trail": "trail (9 tool calls): outcome GRPO vs branch credit and its ablations",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--job", choices=list(JOBS), default="look-then-act")
+    parser.add_argument("--arms", nargs="+", help="default: every arm of the job")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "branch-credit")
-    parser.add_argument("--out", type=Path, default=RESULTS / "branch_credit.json")
+    parser.add_argument("--runs", type=Path, help="default: runs/branch-credit[-JOB]")
+    parser.add_argument("--out", type=Path, help="default: the job's results JSON")
     args = parser.parse_args()
-    old = json.loads(args.out.read_text())["runs"] if args.out.exists() else []
+    job = JOBS[args.job]
+    arms = args.arms or list(job["arms"])
+    if unknown := sorted(set(arms) - set(job["arms"])):
+        parser.error(f"{', '.join(unknown)}: not an arm of {args.job} ({', '.join(job['arms'])})")
+    out = args.out or job["out"]
+    runs_dir = args.runs or ROOT / "runs" / (
+        "branch-credit" if args.job == "look-then-act" else f"branch-credit-{args.job}"
+    )
+    old = json.loads(out.read_text())["runs"] if out.exists() else []
     fresh = []
-    for seed in args.seeds:  # arms alternate, so a load change hits both alike
-        for arm in args.arms:
-            fresh.append(train(arm, seed, args.runs))
+    for seed in args.seeds:  # arms alternate, so a load change hits them alike
+        for arm in arms:
+            fresh.append(train(job, arm, seed, runs_dir))
             print(json.dumps({k: fresh[-1][k] for k in ("arm", "seed", "total_s", "curve")}))
     done = {(r["arm"], r["seed"]) for r in fresh}
     runs = [r for r in old if (r["arm"], r["seed"]) not in done] + fresh
     runs.sort(key=lambda r: (r["arm"], r["seed"]))
     report = {
-        "config": str(CONFIG.relative_to(ROOT)),
-        "arms": {arm: merged(COMMON, ARMS[arm]) for arm in ARMS},
+        "config": str(job["config"].relative_to(ROOT)),
+        "arms": {arm: merged(job["common"], job["arms"][arm]) for arm in job["arms"]},
+        "thresholds": list(job["thresholds"]),
         "machine": f"{os.cpu_count()} CPUs, shared",
         "runs": runs,
-        "compare": compare(runs),
+        "compare": compare(job, runs),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, args.out.with_suffix(".png"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out.with_suffix(".png"), TITLES[args.job])
     print(json.dumps(report["compare"], indent=1))
 
 

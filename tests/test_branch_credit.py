@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from agentrl.algorithm_config import AdvantageConfig, BranchConfig, LossConfig
-from agentrl.algorithms import branch_credit, compute_advantages, policy_loss
+from agentrl.algorithms import branch_credit, compute_advantages, policy_loss, state_keys
 from agentrl.backends.base import samples_from
 from agentrl.backends.config import FSDPConfig
 from agentrl.dispatch import PipelineConfig
@@ -56,13 +56,20 @@ V = [math.prod(P[t:]) for t in range(3)]  # value of a clean state before turn t
 
 
 def built(
-    tid: str, reward: float, turns: int, *, group: str = "g", branch_of: BranchOf | None = None
+    tid: str,
+    reward: float,
+    turns: int,
+    *,
+    group: str = "g",
+    branch_of: BranchOf | None = None,
+    moves: str = "",
 ) -> Trajectory:
-    """A trajectory of `turns` turns, each 2 sampled tokens and 1 observation token."""
+    """A trajectory of `turns` turns, each 2 sampled tokens and 1 observation token; turn
+    k's first token is `moves[k]`'s code where given (the same for every trajectory else)."""
     response, mask, spans = [], [], []
     for k in range(turns):
         spans.append((len(response), len(response) + 2))
-        response += [10 + k, 20 + k, 99]
+        response += [ord(moves[k]) if k < len(moves) else 10 + k, 20 + k, 99]
         mask += [1, 1, 0]
     return Trajectory(
         trajectory_id=tid,
@@ -80,12 +87,15 @@ def built(
     ).check()
 
 
-def continuation(parent: str, turn: int, k: int, reward: float, turns: int = 3) -> Trajectory:
+def continuation(
+    parent: str, turn: int, k: int, reward: float, turns: int = 3, moves: str = ""
+) -> Trajectory:
     return built(
         f"{parent}~{turn}-{k}",
         reward,
         turns,
         branch_of=BranchOf(trajectory_id=parent, turn=turn, purpose="value"),
+        moves=moves,
     )
 
 
@@ -227,6 +237,81 @@ def test_which_states_are_branched() -> None:
     assert branch_turns(t, BranchConfig(select="every")) == [1, 3]
 
 
+POOL = AdvantageConfig(estimator="branch", branch=BranchConfig(pool=True))
+
+
+def test_pooled_siblings_that_took_the_same_turns_are_samples_of_each_others_states() -> None:
+    """a and c won, b lost, all three by the same turns: no branch, yet each state has a
+    value from the siblings that passed it, leaving the episode's own reward out."""
+    group = [built("a", 1.0, 3), built("b", 0.0, 3), built("c", 1.0, 3)]
+    assert branch_credit(group, BRANCH).per_turn["a"] == [compute_advantages(group, GRPO)["a"]] * 3
+    credit = branch_credit(group, POOL)
+    sigma = math.sqrt(1 / 3) + POOL.eps  # the group's sample std of {1, 0, 1}
+    mean = 2 / 3
+    assert credit.per_turn["a"] == pytest.approx([(0.5 - mean) / sigma, 0.0, 0.5 / sigma])
+    assert credit.per_turn["b"] == pytest.approx([(1 - mean) / sigma, 0.0, -1 / sigma])
+    for t in group:  # the differences still telescope to GRPO's advantage
+        grpo = compute_advantages(group, GRPO)[t.trajectory_id]
+        assert sum(credit.per_turn[t.trajectory_id]) == pytest.approx(grpo)
+    assert sorted(n for _, n in credit.values.values()) == [3, 3]  # states 1 and 2, 3 each
+
+
+def test_pooling_keeps_apart_what_differs_by_one_token_or_one_observation() -> None:
+    a, b = built("a", 1.0, 3, moves="xyz"), built("b", 0.0, 3, moves="xqz")
+    credit = branch_credit([a, b], POOL)
+    sigma = math.sqrt(0.5) + POOL.eps
+    # they share the state after turn 0 only: a's value there is b's reward alone, and
+    # a's turns 1 and 2 share the difference to its own reward
+    assert credit.per_turn["a"] == pytest.approx([-0.5 / sigma, 1 / sigma, 1 / sigma])
+    b.turns[0].observation = "a different answer"
+    assert branch_credit([a, b], POOL).per_turn["a"] == [compute_advantages([a, b], GRPO)["a"]] * 3
+    # another group's identical turns are another instance's states
+    c = built("c", 1.0, 3, moves="xyz", group="h")
+    assert branch_credit([a, b, c], POOL).per_turn["a"] == pytest.approx(
+        [compute_advantages([a, b], GRPO)["a"]] * 3
+    )
+
+
+def test_a_continuation_is_a_sample_of_every_state_it_passes_from_its_branch_point() -> None:
+    a, b = built("a", 1.0, 3, moves="xyz"), built("b", 0.0, 3, moves="wqz")
+    # restored before a's turn 1, it went its own way ("q", then "z") and lost
+    cont = continuation("a", 1, 0, 0.0, moves="xqz")
+    credit = branch_credit([a, b, cont], POOL)
+    # a's state 1 ("x") has the continuation's 0; state 2 ("xy") none: a's turns 1-2 get
+    # the difference to its own reward
+    sigma = math.sqrt(0.5) + POOL.eps
+    assert credit.per_turn["a"] == pytest.approx([-0.5 / sigma, 1 / sigma, 1 / sigma])
+    # b never shared a state with either (its first turn differs): GRPO's advantage
+    assert credit.per_turn["b"] == [compute_advantages([a, b], GRPO)["b"]] * 3
+    # the continuation's state "xq" is a sample for no one else; it trains only if asked
+    assert credit.per_turn[cont.trajectory_id] == [0.0] * 3
+
+
+def test_a_pooled_state_is_branched_once_and_only_for_what_its_siblings_do_not_give() -> None:
+    from agentrl.train.branches import branch_points
+
+    group = [
+        built(x, r, 3, moves=m)
+        for x, r, m in (("a", 1.0, "xyz"), ("b", 0.0, "xyq"), ("c", 0.0, "xwz"), ("d", 1.0, "vvv"))
+    ]
+    for t in group:
+        for u in t.turns:
+            u.snapshot_id = f"snap-{t.trajectory_id}-{u.action}"
+    plain = branch_points(group, BranchConfig(k=2))
+    assert [(p.trajectory_id, turn, n) for p, turn, n in plain] == [
+        (x, turn, 2) for x in "abcd" for turn in (1, 2)
+    ]
+    pooled = branch_points(group, BranchConfig(k=2, pool=True))
+    # "x" passed by a, b, c (2 free samples each): none; "xy" by a and b: one more, from a;
+    # "xw" (c), "v" and "vv" (d): two each
+    assert [(p.trajectory_id, turn, n) for p, turn, n in pooled] == [
+        ("a", 2, 1),
+        ("c", 2, 2),
+        ("d", 1, 2),
+        ("d", 2, 2),
+    ]
+
+
 # --- the machinery on the local provider -------------------------------------------------
 
 
@@ -352,6 +437,39 @@ def test_branch_values_match_the_known_state_values_and_restore_the_state_before
     # (e) Snapshots were held for the branches, then all reclaimed (the run keeps none for
     # replay: the task asks for none) and recorded as none.
     assert all(u.snapshot_id is None for t in trajs for u in t.turns)
+    assert snapshot_dirs() <= before
+
+
+@pytest.mark.slow  # ~100 episodes on the local provider
+def test_pooled_branching_samples_each_state_k_times_with_fewer_continuations(
+    tmp_path: Path,
+) -> None:
+    """With `pool`, siblings that touched the same files in the same order share states:
+    each state is branched once, for what they do not give, so every fresh episode's
+    branched states still have k samples besides its own, and the values stay right."""
+    before = snapshot_dirs()
+    trajs = rollout(train_run(tmp_path, BranchConfig(k=4, pool=True)), instances=6, samples=4)
+    fresh = [t for t in trajs if t.branch_of is None]
+    conts = [t for t in trajs if t.branch_of is not None]
+    assert len(fresh) == 24 and all(t.trainable for t in conts)
+    assert 0 < len(conts) < 24 * 2 * 4  # what branching every episode's states would take
+    credit = branch_credit(
+        trajs, AdvantageConfig(estimator="branch", branch=BranchConfig(pool=True))
+    )
+    for t in fresh:
+        keys = state_keys(t, True)
+        for u in (1, 2):
+            assert credit.values[keys[u]][1] - 1 >= 4, (t.trajectory_id, u)
+    passer = {state_keys(t, True)[u]: t for t in trajs for u in (1, 2)}
+    for u in (1, 2):  # clean states (no `bad` yet), over the batch: within 4 standard errors
+        clean = [
+            (v, n)
+            for key, (v, n) in credit.values.items()
+            if key[1] == u and not any("touch bad" in w.action for w in passer[key].turns[:u])
+        ]
+        n = sum(k for _, k in clean)
+        mean = sum(v * k for v, k in clean) / n
+        assert abs(mean - V[u]) <= 4 * math.sqrt(V[u] * (1 - V[u]) / n), (u, mean, n)
     assert snapshot_dirs() <= before
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.algorithms import sample_std
+from agentrl.algorithms import sample_std, state_keys
+from agentrl.batch import sandbox_seconds
 from agentrl.episode import Episode
 from agentrl.errors import ConfigError
 from agentrl.snapshots import Snapshots, without_snapshots
@@ -64,6 +65,35 @@ def branch_turns(traj: Trajectory, cfg: BranchConfig) -> list[int]:
     return sorted({t for u in doubtful for t in (u, u + 1)} & set(ready))
 
 
+def branch_points(
+    group: Sequence[Trajectory], cfg: BranchConfig
+) -> list[tuple[Trajectory, int, int]]:
+    """(parent, turn, continuations) for a finished group: `k` of every state
+    `branch_turns` picks. With `pool`, a state is branched once for the group (from the
+    first episode that passed it), and only for the continuations that the siblings which
+    passed it do not already give: each sibling's value leaves its own reward out, so a
+    state n siblings passed has n - 1 free samples for each of them."""
+    passed: Counter[tuple[str, int]] = Counter()
+    if cfg.pool:
+        for t in group:
+            if t.trainable and t.reward is not None and t.branch_of is None:
+                passed.update(state_keys(t, True)[1:])
+    planned: set[tuple[str, int]] = set()
+    points = []
+    for parent in group:
+        keys = state_keys(parent, cfg.pool)
+        for turn in branch_turns(parent, cfg):
+            count = cfg.k
+            if cfg.pool:
+                if keys[turn] in planned:
+                    continue
+                planned.add(keys[turn])
+                count = max(0, cfg.k - (passed[keys[turn]] - 1))
+            if count:
+                points.append((parent, turn, count))
+    return points
+
+
 class Branches:
     """Plans continuations for finished groups and reclaims their snapshots after."""
 
@@ -78,27 +108,26 @@ class Branches:
         self.held.update((ep.trajectory_id, ep) for ep in episodes)
 
     def plan(self, group: Sequence[Trajectory]) -> list[Episode]:
-        """`k` continuations of every branched state of the group's episodes."""
+        """The continuations `branch_points` asks for, of the group's episodes."""
         episodes = []
-        for parent in group:
+        for parent, turn, count in branch_points(group, self.cfg):
             task = self.run.tasks[self.task_index[parent.task]]
             instance = next(x for x in task.instances if x.id == parent.group_id)
-            for turn in branch_turns(parent, self.cfg):
-                for k in range(self.cfg.k):
-                    try:
-                        ep = self.factory.continued(
-                            task,
-                            instance,
-                            parent,
-                            turn,
-                            trajectory_id=f"{parent.trajectory_id}~{turn}-{k}",
-                            purpose="value",
-                            snapshot=parent.turns[turn - 1].snapshot_id,
-                        )
-                    except ConfigError as e:  # its state has no estimate: outcome credit
-                        log.warning("%s: no branch at turn %d: %s", parent.trajectory_id, turn, e)
-                        break
-                    episodes.append(ep)
+            for k in range(count):
+                try:
+                    ep = self.factory.continued(
+                        task,
+                        instance,
+                        parent,
+                        turn,
+                        trajectory_id=f"{parent.trajectory_id}~{turn}-{k}",
+                        purpose="value",
+                        snapshot=parent.turns[turn - 1].snapshot_id,
+                    )
+                except ConfigError as e:  # its state has no estimate: outcome credit
+                    log.warning("%s: no branch at turn %d: %s", parent.trajectory_id, turn, e)
+                    break
+                episodes.append(ep)
         return episodes
 
     async def reclaim(self, trajs: Sequence[Trajectory]) -> list[Trajectory]:
@@ -184,6 +213,7 @@ def branch_metrics(trajs: Sequence[Trajectory], credit: BranchCredit) -> dict[st
         "branch_episodes": len(conts),
         "branch_infra_failures": sum(not t.trainable for t in conts),
         "branch_sampled_tokens": sum(branch_sampled_tokens(t) for t in conts),
+        "branch_sandbox_seconds": round(sum(sandbox_seconds(t) for t in conts), 3),
         "branch_states": len(credit.values),
         "branch_restore_p50_s": round(_quantile(restores, 0.5), 3) if restores else None,
         "branch_restore_p95_s": round(_quantile(restores, 0.95), 3) if restores else None,

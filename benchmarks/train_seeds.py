@@ -22,7 +22,12 @@ multi-turn main job is
 
     .venv/bin/python benchmarks/train_seeds.py --config examples/train/look-then-act.yaml
 
-whose results go to train_seeds_multiturn.json (any other config: train_seeds_<stem>.json).
+whose results go to train_seeds_multiturn.json; the long-horizon job
+(`--config examples/train/trail.yaml`) to train_seeds_long.json (any other config:
+train_seeds_<stem>.json). Each run also reports, from the evaluations before and after,
+tool calls per solved episode and segments per episode, and per training step the
+segments per episode and the learner's logprob mismatch (all tokens, and the rewritten
+segments' alone).
 Each run also reports, per training step, the mean turns and tool calls per episode (its
 metrics.jsonl's turns_mean and tool_calls_mean), and a plot beside the JSON shows
 held-out reward before and after per seed and those per-step means.
@@ -47,6 +52,7 @@ CONFIG = ROOT / "examples" / "train" / "shell-basics.yaml"
 TINKER_CONFIG = CONFIG.with_name("shell-basics-tinker.yaml")
 RESULTS = Path(__file__).parent / "results"
 MULTITURN = CONFIG.with_name("look-then-act.yaml")
+LONG = CONFIG.with_name("trail.yaml")
 
 
 def variant(base: Path, tag: str, changes: dict[str, Any]) -> Path:
@@ -99,6 +105,7 @@ def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict
     before, after = summary["eval_before"], summary["eval_after"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
+    evals = [r["step"] for r in rows if r["kind"] == "eval"]
     half = math.hypot(before["reward_ci95"], after["reward_ci95"])
     return {
         "seed": seed,
@@ -111,6 +118,30 @@ def run(seed: int, out: Path, servers: list[str], config: Path = CONFIG) -> dict
         "curve": [round(r["reward_mean"], 4) for r in train],
         "turns_per_episode": [round(r["turns_mean"], 3) for r in train],
         "tool_calls_per_episode": [round(r["tool_calls_mean"], 3) for r in train],
+        # segments per episode (1 + those a rewrite of history began), and the learner's
+        # logprob mismatch on all sampled tokens and on those of the rewritten segments
+        "segments_per_episode": [round(1 + r["segments"] / r["episodes"], 3) for r in train],
+        "logprob_mismatch": [r.get("logprob_mismatch") for r in train],
+        "logprob_mismatch_rewritten": [r.get("logprob_mismatch_rewritten") for r in train],
+        "eval_before": episode_shape(out, min(evals)),
+        "eval_after": episode_shape(out, max(evals)),
+    }
+
+
+def episode_shape(out: Path, step: int) -> dict[str, Any]:
+    """Of one evaluation's episodes: tool calls per solved (reward 1) episode, and
+    segments per episode."""
+    from agentrl.trajectory import TrajectoryStore
+
+    trajs = list(TrajectoryStore(out / "eval" / f"step-{step:06d}" / "trajectories.jsonl"))
+    solved = [t for t in trajs if t.reward == 1.0]
+    calls = [sum(u.tool_call is not None for u in t.turns) for t in solved]
+    return {
+        "episodes": len(trajs),
+        "solved": len(solved),
+        "tool_calls_per_solved": round(sum(calls) / len(calls), 3) if calls else None,
+        "fewest_tool_calls_solved": min(calls) if calls else None,
+        "segments_per_episode": round(sum(1 + len(t.segments) for t in trajs) / len(trajs), 3),
     }
 
 
@@ -188,7 +219,7 @@ def main() -> None:
     base, changes, tags = args.config.resolve(), {}, []
     name, suffix = "train_seeds", ""
     if base != CONFIG:
-        tag = "multiturn" if base == MULTITURN else base.stem
+        tag = {MULTITURN: "multiturn", LONG: "long"}.get(base, base.stem)
         name, suffix = f"train_seeds_{tag}", f"-{tag}"
     if args.servers:
         name, suffix = name + "_served", suffix + "-served"

@@ -293,6 +293,11 @@ def test_fsdp_scores_every_segment_as_the_sampler_did(run: Run, model_dir: Path)
             whole = backend.forward_backward(samples, PPO)
             assert whole["sequences"] == len(samples) and whole["tokens"] == sampled
             assert whole["logprob_mismatch"] < MISMATCH_TOL
+            # the segments a rewrite of history began, on their own
+            assert any(s.segment for s in samples)
+            assert whole["logprob_mismatch_rewritten"] < MISMATCH_TOL
+            first_only = [s for s in samples if not s.segment]
+            assert "logprob_mismatch_rewritten" not in backend.forward_backward(first_only, PPO)
         finally:
             backend.close()
 
@@ -319,6 +324,7 @@ def test_tinker_takes_segmented_samples_in_one_step(
     assert remote.step == 1
     assert got["tokens"] == want["tokens"] == sum(s.num_sampled for s in samples)
     assert got["logprob_mismatch"] < MISMATCH_TOL
+    assert got["logprob_mismatch_rewritten"] < MISMATCH_TOL
     for key in ("loss", "grad_norm"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
 
@@ -410,6 +416,7 @@ def test_agentrl_train_trains_every_segment(schedule: str, tiny_dir: Path, tmp_p
     # Episodes take turns winning (see TASK): every group has a spread, so the step trains.
     assert row["skipped"] in (None, 0.0) and row["policy_version"] >= 1
     assert row["logprob_mismatch"] < MISMATCH_TOL  # on-policy: every segment as sampled
+    assert row["logprob_mismatch_rewritten"] < MISMATCH_TOL
     assert row["sequences"] == row["samples"]
 
 

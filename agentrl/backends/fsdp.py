@@ -134,6 +134,10 @@ class FSDPBackend:
                 weight = total.get(f"{k}|weight")  # None: a sum, not a mean
                 out[k] = total[k] if weight is None else total[k] / weight if weight else 0.0
         out["logprob_mismatch"] = total["|mismatch|"] / denominators[0]
+        if total["|tokens rewritten|"]:
+            out["logprob_mismatch_rewritten"] = (
+                total["|mismatch rewritten|"] / total["|tokens rewritten|"]
+            )
         out["sequences"] = denominators[1]
         out["micro_batches"] = float(rounds)
         return out
@@ -161,8 +165,13 @@ class FSDPBackend:
             ref_logprobs_B_T=ref_B_T,
         )
         value.backward()
-        mismatch = (lp_B_T.detach() - old_B_T).abs()[mask_B_T > 0].sum()
-        sums = {"|mismatch|": float(mismatch)}
+        gap_B_T = (lp_B_T.detach() - old_B_T).abs()
+        rewritten_B_T = (mask_B_T > 0) & torch.tensor([[x.segment > 0] for x in batch])
+        sums = {
+            "|mismatch|": float(gap_B_T[mask_B_T > 0].sum()),
+            "|mismatch rewritten|": float(gap_B_T[rewritten_B_T].sum()),
+            "|tokens rewritten|": float(rewritten_B_T.sum()),
+        }
         for key, v in metrics.items():
             # Losses already carry the batch denominators: they add up. The rest are
             # means over this micro-batch's tokens: weight them by those tokens.

@@ -107,6 +107,7 @@ def fb_metrics(
     _, options = loss_call(loss)
     lo, hi = options.get("clip_low_threshold"), options.get("clip_high_threshold")
     n = mismatch = ratio_sum = clip_high = clip_low = capped = 0.0
+    rewritten_n = rewritten_mismatch = 0.0
     for s, out in zip(samples, output.loss_fn_outputs, strict=True):
         learner_T = [float(x) for x in out["logprobs"].tolist()]
         if len(learner_T) != len(s.tokens) - 1:
@@ -122,6 +123,9 @@ def fb_metrics(
                 continue
             n += 1
             mismatch += abs(lp - q)
+            if s.segment:
+                rewritten_n += 1
+                rewritten_mismatch += abs(lp - q)
             ratio = math.exp(lp - q)
             ratio_sum += ratio
             if loss.type == "ppo" and lo is not None and hi is not None:
@@ -137,6 +141,8 @@ def fb_metrics(
         "logprob_mismatch": mismatch / max(n, 1.0),
         "ratio_mean": ratio_sum / max(n, 1.0),
     }
+    if rewritten_n:
+        metrics["logprob_mismatch_rewritten"] = rewritten_mismatch / rewritten_n
     if loss.type == "ppo":
         metrics |= {"clip_high_frac": clip_high / max(n, 1), "clip_low_frac": clip_low / max(n, 1)}
     if loss.type == "tis":

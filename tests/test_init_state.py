@@ -67,6 +67,7 @@ async def _play(task: Task, run_id: str, script: str, *, restore: bool = False) 
     env = make_env(task, DockerProvider(reap_at_start=False), run_id)
     instance = task.instances[0]
     sandbox = await env.init(instance, "play")
+    snapshot = None
     try:
         if script:
             done = await sandbox.exec(ExecRequest(command=script, timeout=60))
@@ -78,6 +79,8 @@ async def _play(task: Task, run_id: str, script: str, *, restore: bool = False) 
         return await env.evaluate(sandbox, instance)
     finally:
         await sandbox.close()
+        if snapshot is not None:  # and with it the INIT state it names
+            await env.remove_snapshot(snapshot)
 
 
 def test_the_grader_sees_init_as_it_left_things_and_the_agents_deletions(
@@ -121,6 +124,7 @@ def test_a_restored_snapshot_is_graded_against_the_same_init_state(task: Task, r
     solved, noop = asyncio.run(both())
     assert solved.reward == 1.0, solved.evidence
     assert noop.reward == 0.0
+    assert _images(run_id) == []  # the snapshots removed, and their INIT states with them
 
 
 def test_a_task_whose_init_stays_in_the_outputs_commits_nothing(

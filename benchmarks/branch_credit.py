@@ -17,11 +17,13 @@
 
 `--job trail` trains `examples/train/trail.yaml`, the long-horizon job (9 tool calls a
 solved episode), with the arms that analysis says should pay there (results in
-branch_credit_long.json): outcome; branch (`k: 2` from 3 states per episode, evenly
-spread); branch-pool (the same with `pool: true`: siblings with identical histories
-are free samples of each other's states, and a state is branched once for the group);
-branch-uncertain (`select: uncertain`: the states around the 2 least certain replies,
-`k: 3` each); branch-train (branch, continuations trained on).
+branch_credit_long.json), evaluating 24 held-out episodes after every step: outcome
+(6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4 steps, as each
+costs several outcome steps' tokens); branch-pool (the same with `pool: true`: siblings
+with identical histories are free samples of each other's states, and a state is
+branched once for the group); branch-uncertain (`select: uncertain`: the states before
+and after the least certain reply, `k: 3` each); branch-train (branch, continuations
+trained on).
 
 The x-axes are sampled tokens (the training episodes' own plus, for branch arms, what
 the continuations sampled after their branch point, `branch_sampled_tokens`) and sandbox
@@ -79,13 +81,13 @@ JOBS: dict[str, dict[str, Any]] = {
         "config": ROOT / "examples" / "train" / "trail.yaml",
         "out": RESULTS / "branch_credit_long.json",
         "thresholds": (0.5, 0.8),
-        "common": {"eval": {"every": 2, "samples": 1}, "checkpoint": {"every": 0}},
+        "common": {"eval": {"every": 1, "samples": 1}, "checkpoint": {"every": 0}},
         "arms": {
-            "outcome": {"schedule": {"steps": 8}},
-            "branch": branch_arm(6, select="count", count=3),
-            "branch-pool": branch_arm(6, select="count", count=3, pool=True),
-            "branch-uncertain": branch_arm(6, k=3, select="uncertain", count=2),
-            "branch-train": branch_arm(6, train=True, select="count", count=3),
+            "outcome": {"schedule": {"steps": 6}},
+            "branch": branch_arm(4, select="count", count=2),
+            "branch-pool": branch_arm(4, select="count", count=2, pool=True),
+            "branch-uncertain": branch_arm(4, k=3, select="uncertain", count=1),
+            "branch-train": branch_arm(4, train=True, select="count", count=2),
         },
     },
 }

@@ -58,6 +58,15 @@ def live(run_id: str) -> int:
         client.close()
 
 
+def images(run_id: str) -> list[str]:
+    """The images the run left on the engine: its snapshots and INIT states."""
+    client = docker_client()
+    try:
+        return [i["Id"] for i in client.api.images(filters={"label": f"{RUN}={run_id}"})]
+    finally:
+        client.close()
+
+
 def episodes(task: Task, tokenizer: Any, instances: list[Instance], run_id: str) -> list[Episode]:
     env = TaskEnv(task, DockerProvider(), run_id)
     sampler = ScriptedSampler(load_script(DATA / "sleeper.yaml"), tokenizer)
@@ -223,6 +232,7 @@ def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name:
 
     asyncio.run(main())
     assert got == [] and live(run_id) == 0
+    assert images(run_id) == []  # an INIT state committed as Ctrl-C came is removed too
 
 
 def test_pipeline_never_has_more_live_sandboxes_than_configured(task: Task, tokenizer: Any) -> None:

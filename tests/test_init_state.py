@@ -10,7 +10,10 @@ even the reference solution earned 0 ("No such file or directory").
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -175,3 +178,36 @@ def test_the_init_state_goes_with_the_last_snapshot_that_names_it(task: Task, ru
         assert _images(run_id) == []
 
     asyncio.run(main())
+
+
+def test_an_init_state_committed_as_the_episode_is_cancelled_is_removed(
+    task: Task, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while INIT's state is being committed: the engine finishes the commit it
+    began, so the sandbox records it and its close removes it (before, the image was left
+    on the engine: seen in the dispatcher's cancellation test under load). The engine's
+    answer to the commit is held a second so the cancellation lands while it is on its
+    way."""
+    from docker.api.client import APIClient
+
+    commit = APIClient.commit
+    started = threading.Event()
+
+    def slow_commit(self: APIClient, *args: Any, **kwargs: Any) -> Any:
+        image = commit(self, *args, **kwargs)
+        started.set()
+        time.sleep(1.0)  # the answer is on its way
+        return image
+
+    monkeypatch.setattr(APIClient, "commit", slow_commit)
+
+    async def main() -> None:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        init = asyncio.ensure_future(env.init(task.instances[0], "cut"))
+        assert await asyncio.to_thread(started.wait, 60)
+        init.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await init
+
+    asyncio.run(main())
+    assert _images(run_id) == []

@@ -20,7 +20,7 @@ import socket
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -83,6 +83,7 @@ class DockerSandbox:
         self._host: host.HostView | None = None  # its cgroup and writable layer, found once
         self.init_state: InitState | None = None  # what keep_init() kept, if it kept anything
         self._snapshots = 0
+        self._commits: set[asyncio.Future[Any]] = set()  # commits in flight: close waits
         backstop.add(self._id, self.close_now)
 
     @property
@@ -199,9 +200,23 @@ class DockerSandbox:
         """Commit to `agentrl-snapshot/<run>:<name>-<label>`; returns the image id."""
         self._check_open()
         state = {INIT_STATE: self.init_state.image} if self.init_state else {}
-        image = await self._commit(label, state)
-        self._snapshots += 1
-        return image
+
+        async def take() -> str:
+            image = await self._commit(label, state)
+            self._snapshots += 1  # it names the INIT state, which now goes with it
+            return image
+
+        return await self._settled(take())
+
+    async def _settled(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` (a commit and its record) runs to its end even if the caller is
+        cancelled: the engine finishes a commit it began, so the record must follow, and
+        `close` waits for it before removing what the sandbox owns (a Ctrl-C during INIT
+        left the INIT state's image behind)."""
+        task = asyncio.ensure_future(work)
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+        return await asyncio.shield(task)
 
     async def keep_init(self, scope: GradeScope) -> None:
         """INIT is over. What it made outside `scope`'s outputs (the task's files and its
@@ -220,8 +235,12 @@ class DockerSandbox:
         if not outside:
             return
         added = [c.path for c in changes if scope.covers(c.path) and c.kind == "added"]
-        image = await self._commit("init-state", {INIT_ADDED: json.dumps(added)})
-        self.init_state = InitState(image=image, added=added, outside=outside, owned=True)
+
+        async def keep() -> None:
+            image = await self._commit("init-state", {INIT_ADDED: json.dumps(added)})
+            self.init_state = InitState(image=image, added=added, outside=outside, owned=True)
+
+        await self._settled(keep())
 
     async def _commit(self, label: str, extra: dict[str, str]) -> str:
         """Commit the container as a snapshot of its run (gc and reaping treat it as one)."""
@@ -340,8 +359,13 @@ class DockerSandbox:
         await self._call(self._api.connect_container_to_network, self._id, name)
 
     async def close(self) -> None:
-        # Shielded: a cancelled caller (Ctrl-C) still gets its container removed.
-        await asyncio.shield(asyncio.to_thread(self.close_now))
+        # Shielded: a cancelled caller (Ctrl-C) still gets its container removed, after
+        # the commits in flight are recorded (what they made is the sandbox's to remove).
+        try:
+            if self._commits:
+                await asyncio.wait(set(self._commits))
+        finally:
+            await asyncio.shield(asyncio.to_thread(self.close_now))
 
     def close_now(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Synchronous, idempotent removal (also what the atexit backstop calls). An engine

@@ -122,6 +122,17 @@ def labelled_containers(run_id: str) -> list[str]:
         client.close()
 
 
+def labelled_images(run_id: str) -> list[str]:
+    """Ids of every image labelled agentrl.run=<run_id>: the run's snapshots and INIT states."""
+    from agentrl.sandbox.images import docker_client
+
+    client = docker_client()
+    try:
+        return [i["Id"] for i in client.api.images(filters={"label": f"agentrl.run={run_id}"})]
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def run_id(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh run id; the test fails if any container of that run is left behind."""

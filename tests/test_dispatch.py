@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import labelled_images
 from pydantic import TypeAdapter
 
 from agentrl.dispatch import DispatchConfig, PipelineConfig
@@ -54,15 +55,6 @@ def live(run_id: str) -> int:
     client = docker_client()
     try:
         return len(client.api.containers(all=True, filters={"label": f"{RUN}={run_id}"}))
-    finally:
-        client.close()
-
-
-def images(run_id: str) -> list[str]:
-    """The images the run left on the engine: its snapshots and INIT states."""
-    client = docker_client()
-    try:
-        return [i["Id"] for i in client.api.images(filters={"label": f"{RUN}={run_id}"})]
     finally:
         client.close()
 
@@ -232,7 +224,7 @@ def test_cancelling_a_run_leaves_no_containers(task: Task, tokenizer: Any, name:
 
     asyncio.run(main())
     assert got == [] and live(run_id) == 0
-    assert images(run_id) == []  # an INIT state committed as Ctrl-C came is removed too
+    assert labelled_images(run_id) == []  # an INIT state committed as Ctrl-C came is removed too
 
 
 def test_pipeline_never_has_more_live_sandboxes_than_configured(task: Task, tokenizer: Any) -> None:

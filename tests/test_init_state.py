@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import labelled_images
 
 from agentrl.episode import make_env
 from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
-from agentrl.sandbox.docker.engine import RUN
-from agentrl.sandbox.images import docker_client
 from agentrl.tasks.evidence import Grade
 from agentrl.tasks.load import load_task
 from agentrl.tasks.spec import Task
@@ -54,14 +53,6 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> Task:
     }
     (folder / "task.yaml").write_text(yaml.safe_dump(spec))
     return load_task(folder / "task.yaml")
-
-
-def _images(run_id: str) -> list[str]:
-    client = docker_client()
-    try:
-        return [i["Id"] for i in client.api.images(filters={"label": f"{RUN}={run_id}"})]
-    finally:
-        client.close()
 
 
 async def _play(task: Task, run_id: str, script: str, *, restore: bool = False) -> Grade:
@@ -113,7 +104,7 @@ def test_the_grader_sees_init_as_it_left_things_and_the_agents_deletions(
     assert "/opt/app/answer.txt" not in restored and "/srv/word.txt" not in restored
     # ...and what the agent changed there is left out, so deleting it changes nothing.
     assert broke_outside.reward == 1.0, broke_outside.evidence
-    assert _images(run_id) == []  # each sandbox removed the image of its INIT state
+    assert labelled_images(run_id) == []  # each sandbox removed the image of its INIT state
 
 
 def test_a_restored_snapshot_is_graded_against_the_same_init_state(task: Task, run_id: str) -> None:
@@ -127,7 +118,7 @@ def test_a_restored_snapshot_is_graded_against_the_same_init_state(task: Task, r
     solved, noop = asyncio.run(both())
     assert solved.reward == 1.0, solved.evidence
     assert noop.reward == 0.0
-    assert _images(run_id) == []  # the snapshots removed, and their INIT states with them
+    assert labelled_images(run_id) == []  # the snapshots removed, and their INIT states with them
 
 
 def test_a_task_whose_init_stays_in_the_outputs_commits_nothing(
@@ -171,11 +162,11 @@ def test_the_init_state_goes_with_the_last_snapshot_that_names_it(task: Task, ru
             second = await sandbox.snapshot("two")
         finally:
             await sandbox.close()
-        assert len(_images(run_id)) == 3, "two snapshots and the INIT state they name"
+        assert len(labelled_images(run_id)) == 3, "two snapshots and the INIT state they name"
         await env.remove_snapshot(first)
-        assert len(_images(run_id)) == 2, "the other snapshot still names the INIT state"
+        assert len(labelled_images(run_id)) == 2, "the other snapshot still names the INIT state"
         assert await env.remove_snapshot(second) > 0
-        assert _images(run_id) == []
+        assert labelled_images(run_id) == []
 
     asyncio.run(main())
 
@@ -210,4 +201,4 @@ def test_an_init_state_committed_as_the_episode_is_cancelled_is_removed(
             await init
 
     asyncio.run(main())
-    assert _images(run_id) == []
+    assert labelled_images(run_id) == []

@@ -61,7 +61,7 @@ def observed(task: Task, chat: ChatSession, shown: str, tool_name: str | None) -
 
 
 def budget(task: Task) -> int:
-    return task.spec.context.budget_tokens or task.spec.limits.context_length
+    return task.spec.context.budget(task.spec.limits.context_length)
 
 
 def over_budget(task: Task, chat: ChatSession) -> bool:

@@ -184,6 +184,24 @@ def test_summarize_asks_the_policy_and_continues_from_its_summary(
     assert_rebuilt(task, traj, tokenizer)
 
 
+def test_by_default_a_summary_has_its_room(tmp_path: Path, tokenizer) -> None:
+    """With no budget_tokens, a summarizing policy's budget is the context less the
+    summary's tokens, so the summary asked when the next turn would pass it can be as
+    long as summary_tokens allow (before, the budget was the whole context: the summary
+    had a few tokens left, was cut off and ended the episode context_limit)."""
+    context = {"history": "summarize", "keep_turns": 1, "summary_tokens": 64}
+    task = make_task(tmp_path, context, context_length=512, max_turns=3)
+    assert task.spec.context.budget(512) == 512 - 64
+    assert len(tokenizer.encode(SUMMARY)) > 16  # more than a full context would leave it
+    steps = [bash(f"echo step-{k}; seq 1 30") for k in range(3)]
+    traj = play(task, [steps[0], SUMMARY, *steps[1:]], tokenizer)  # asked after one turn
+    kinds = [t.kind for t in traj.turns]
+    assert kinds[:3] == ["action", "summary", "action"]  # the episode went on after it
+    assert (traj.turns[1].action, traj.turns[1].finish_reason) == (SUMMARY, "stop")
+    assert [s.reason for s in traj.segments][:1] == ["summary"]
+    assert_rebuilt(task, traj, tokenizer)
+
+
 def test_a_summary_is_never_asked_twice_in_a_row_and_a_full_context_ends_the_episode(
     tmp_path: Path, tokenizer
 ) -> None:

@@ -170,6 +170,12 @@ def batch_denominators(samples: Sequence[Sample]) -> tuple[float, float]:
     return float(tokens), float(sum(1 for s in samples if s.num_sampled))
 
 
+def rewritten_mismatch(gap: float, tokens: float) -> dict[str, float]:
+    """`logprob_mismatch_rewritten`: the mean |learner - sampler| logprob over the sampled
+    tokens of segments a rewrite of history began (none: no such key), from their sums."""
+    return {"logprob_mismatch_rewritten": gap / tokens} if tokens else {}
+
+
 def pack_micro_batches(samples: Sequence[Sample], budget: int) -> list[list[Sample]]:
     """Group samples so each right-padded micro-batch holds at most `budget` tokens.
 

@@ -99,8 +99,7 @@ class FSDPBackend:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             _shard(self.reference, mesh, policy)
         if config.gradient_checkpointing:
-            # Renamed in recent transformers 5.x; the old name warns there.
-            enable = getattr(model, "activation_checkpointing_enable", None)
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.x
             (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
         self.model = _shard(model.train(), mesh, policy)
         self.optimizer = torch.optim.AdamW(
@@ -134,10 +133,7 @@ class FSDPBackend:
                 weight = total.get(f"{k}|weight")  # None: a sum, not a mean
                 out[k] = total[k] if weight is None else total[k] / weight if weight else 0.0
         out["logprob_mismatch"] = total["|mismatch|"] / denominators[0]
-        if total["|tokens rewritten|"]:
-            out["logprob_mismatch_rewritten"] = (
-                total["|mismatch rewritten|"] / total["|tokens rewritten|"]
-            )
+        out |= base.rewritten_mismatch(total["|later|"], total["|later tokens|"])
         out["sequences"] = denominators[1]
         out["micro_batches"] = float(rounds)
         return out
@@ -165,13 +161,10 @@ class FSDPBackend:
             ref_logprobs_B_T=ref_B_T,
         )
         value.backward()
-        gap_B_T = (lp_B_T.detach() - old_B_T).abs()
-        rewritten_B_T = (mask_B_T > 0) & torch.tensor([[x.segment > 0] for x in batch])
-        sums = {
-            "|mismatch|": float(gap_B_T[mask_B_T > 0].sum()),
-            "|mismatch rewritten|": float(gap_B_T[rewritten_B_T].sum()),
-            "|tokens rewritten|": float(rewritten_B_T.sum()),
-        }
+        gap_B_T = torch.where(mask_B_T > 0, (lp_B_T.detach() - old_B_T).abs(), 0.0)
+        later_B = torch.tensor([float(x.segment > 0) for x in batch])  # a rewrite began them
+        sums = {"|mismatch|": float(gap_B_T.sum()), "|later|": float(gap_B_T.sum(1) @ later_B)}
+        sums["|later tokens|"] = float((mask_B_T > 0).float().sum(1) @ later_B)
         for key, v in metrics.items():
             # Losses already carry the batch denominators: they add up. The rest are
             # means over this micro-batch's tokens: weight them by those tokens.

@@ -141,8 +141,7 @@ def fb_metrics(
         "logprob_mismatch": mismatch / max(n, 1.0),
         "ratio_mean": ratio_sum / max(n, 1.0),
     }
-    if rewritten_n:
-        metrics["logprob_mismatch_rewritten"] = rewritten_mismatch / rewritten_n
+    metrics |= base.rewritten_mismatch(rewritten_mismatch, rewritten_n)
     if loss.type == "ppo":
         metrics |= {"clip_high_frac": clip_high / max(n, 1), "clip_low_frac": clip_low / max(n, 1)}
     if loss.type == "tis":

@@ -465,6 +465,7 @@ async def _sizes(sandboxes: SandboxProvider, ids: list[str]) -> list[int]:
 def view(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
+    from agentrl.cli.serving import serve_until_stopped
     from agentrl.view.export import export
     from agentrl.view.folder import RunFolder
     from agentrl.view.server import ViewServer
@@ -493,11 +494,8 @@ def view(args: argparse.Namespace) -> int:
     threading.Thread(target=folder.warm, name="tokenizer", daemon=True).start()
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         err_console.print(tag("note:", "yellow", f"anyone who can reach {args.host} can read it"))
-    console.print(f"viewing {folder.root} at {server.url} (Ctrl-C stops)")
-    try:
-        threading.Event().wait()  # it serves on its own thread
-    except KeyboardInterrupt:
-        pass
+    try:  # it serves on its own thread
+        serve_until_stopped(f"viewing {folder.root} at {server.url} (Ctrl-C stops)")
     finally:
         server.close()
     return 0

@@ -65,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
     server, url = serve(sampler, tokenizer, port=args.port, model_name=name)
     root = url.removesuffix("/v1")
     try:
-        _serve_until_stopped(
+        serve_until_stopped(
             f"serving {name} at {url}",
             f"use it with: agentrl run TASK --policy openai:{url}, or as one of the replicas "
             f"of agentrl train CONFIG --servers {root},...   (Ctrl-C stops)",
@@ -76,15 +76,18 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_until_stopped(*lines: str) -> None:
+def serve_until_stopped(*lines: str) -> None:
     """Say `lines` (the URL first: a client may act on it at once), then block until
     Ctrl-C (or SIGTERM, which `_terminate` turns into one); a stop that comes while they
-    are said is a stop like any other, not an interruption."""
+    are said is a stop like any other, not an interruption. The wait wakes every 0.2 s:
+    the kernel may deliver the signal to a server thread, and Python runs its handler
+    only when the main thread next runs bytecode (a main thread blocked on a lock, or in
+    an hour's sleep, missed a Ctrl-C: `agentrl view` hung, seen under load)."""
     try:
         for line in lines:
             console.print(line)
         while True:
-            time.sleep(3600)
+            time.sleep(0.2)
     except KeyboardInterrupt:
         console.print("stopping")
 
@@ -104,7 +107,7 @@ def serve_tinker(args: argparse.Namespace) -> int:
     )
     config = server.service.config
     try:
-        _serve_until_stopped(
+        serve_until_stopped(
             f"serving the Tinker API for {config.name} at {server.url}",
             f"use it with: tinker.ServiceClient(base_url={server.url!r}, api_key='tml-...'); "
             f"save_state writes to {config.state_dir}   (Ctrl-C stops)",

@@ -13,8 +13,6 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,15 +31,15 @@ def init_loopback_group(store_file: Path, rank: int, world_size: int) -> None:
     if loopback is None:
         raise ConfigError("no loopback network interface: cannot start a local process group")
     store = dist.FileStore(str(store_file), world_size)
-    with _env_default(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback):
-        if torch.cuda.is_available():  # device_id: connect now, while the env var is set
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
-            dist.init_process_group(
-                "nccl", store=store, rank=rank, world_size=world_size, device_id=device
-            )
-        else:
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    _env_default(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+    if torch.cuda.is_available():  # device_id: connect now
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl", store=store, rank=rank, world_size=world_size, device_id=device
+        )
+    else:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
 
 
 @dataclass
@@ -84,13 +82,9 @@ def leave_process_group() -> None:
         _owned.store_dir = None
 
 
-@contextmanager
-def _env_default(**values: str) -> Iterator[None]:
-    """Set env vars the user has not set, for the duration of the block."""
-    added = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
+def _env_default(**values: str) -> None:
+    """Set env vars the user has not set, and keep them: the process environment is read
+    by other threads (an HTTP client iterating it for proxies raised a KeyError when the
+    vars were removed again under it), so it changes at most once, never back."""
+    for key, value in values.items():
+        os.environ.setdefault(key, value)

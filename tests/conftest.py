@@ -110,6 +110,11 @@ def tinker_server(
             yield srv
 
 
+def bash_block(command: str) -> str:
+    """A reply of a `bash_block` task's policy: `command` in one ```bash block."""
+    return f"```bash\n{command}\n```\n"
+
+
 def labelled_containers(run_id: str) -> list[str]:
     """Ids of every container (running or not) labelled agentrl.run=<run_id>."""
     from agentrl.sandbox.images import docker_client

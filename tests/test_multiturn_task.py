@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import bash_block as bash
 
 from agentrl.dispatch.base import PipelineConfig
 from agentrl.inference.embedded import load_tokenizer
@@ -29,10 +30,6 @@ from agentrl.trajectory import TrajectoryStore
 ROOT = Path(__file__).parents[1]
 TASK = ROOT / "tasks" / "train" / "look-then-act" / "task.yaml"
 CONFIG = ROOT / "examples" / "train" / "look-then-act.yaml"
-
-
-def bash(command: str) -> str:
-    return f"```bash\n{command}\n```\n"
 
 
 # Acts blind in every turn the task allows, never reading note.txt: guesses names (the worked

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import bash_block as bash
 
 from agentrl.dispatch.base import PipelineConfig
 from agentrl.inference.embedded import load_tokenizer
@@ -30,10 +31,6 @@ from agentrl.trajectory import Trajectory, TrajectoryStore
 ROOT = Path(__file__).parents[1]
 TASK = ROOT / "tasks" / "train" / "trail" / "task.yaml"
 CONFIG = ROOT / "examples" / "train" / "trail.yaml"
-
-
-def bash(command: str) -> str:
-    return f"```bash\n{command}\n```\n"
 
 
 # Never reads a note: opens the worked example's key, keys a model might invent, and

@@ -73,15 +73,16 @@ def branch_points(
     first episode that passed it), and only for the continuations that the siblings which
     passed it do not already give: each sibling's value leaves its own reward out, so a
     state n siblings passed has n - 1 free samples for each of them."""
+    keys_of = {t.trajectory_id: state_keys(t, cfg.pool) for t in group}
     passed: Counter[tuple[str, int]] = Counter()
     if cfg.pool:
         for t in group:
             if t.trainable and t.reward is not None and t.branch_of is None:
-                passed.update(state_keys(t, True)[1:])
+                passed.update(keys_of[t.trajectory_id][1:])
     planned: set[tuple[str, int]] = set()
     points = []
     for parent in group:
-        keys = state_keys(parent, cfg.pool)
+        keys = keys_of[parent.trajectory_id]
         for turn in branch_turns(parent, cfg):
             count = cfg.k
             if cfg.pool:

@@ -81,7 +81,11 @@ JOBS: dict[str, dict[str, Any]] = {
         "config": ROOT / "examples" / "train" / "trail.yaml",
         "out": RESULTS / "branch_credit_long.json",
         "thresholds": (0.5, 0.8),
-        "common": {"eval": {"every": 1, "samples": 1}, "checkpoint": {"every": 0}},
+        "common": {
+            "schedule": {"prompts_per_step": 2},
+            "eval": {"every": 1, "samples": 1},
+            "checkpoint": {"every": 0},
+        },
         "arms": {
             "outcome": {"schedule": {"steps": 6}},
             "branch": branch_arm(4, select="count", count=2),
@@ -275,15 +279,20 @@ def main() -> None:
     runs_dir = args.runs or ROOT / "runs" / (
         "branch-credit" if args.job == "look-then-act" else f"branch-credit-{args.job}"
     )
-    old = json.loads(out.read_text())["runs"] if out.exists() else []
-    fresh = []
+    runs = json.loads(out.read_text())["runs"] if out.exists() else []
     for seed in args.seeds:  # arms alternate, so a load change hits them alike
         for arm in arms:
-            fresh.append(train(job, arm, seed, runs_dir))
-            print(json.dumps({k: fresh[-1][k] for k in ("arm", "seed", "total_s", "curve")}))
-    done = {(r["arm"], r["seed"]) for r in fresh}
-    runs = [r for r in old if (r["arm"], r["seed"]) not in done] + fresh
-    runs.sort(key=lambda r: (r["arm"], r["seed"]))
+            run = train(job, arm, seed, runs_dir)
+            print(json.dumps({k: run[k] for k in ("arm", "seed", "total_s", "curve")}))
+            runs = [r for r in runs if (r["arm"], r["seed"]) != (arm, seed)] + [run]
+            report = write_report(job, args.job, runs, out)  # after every run: hours of work
+    print(json.dumps(report["compare"], indent=1))
+
+
+def write_report(
+    job: dict[str, Any], name: str, runs: list[dict[str, Any]], out: Path
+) -> dict[str, Any]:
+    runs = sorted(runs, key=lambda r: (r["arm"], r["seed"]))
     report = {
         "config": str(job["config"].relative_to(ROOT)),
         "arms": {arm: merged(job["common"], job["arms"][arm]) for arm in job["arms"]},
@@ -293,9 +302,11 @@ def main() -> None:
         "compare": compare(job, runs),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, out.with_suffix(".png"), TITLES[args.job])
-    print(json.dumps(report["compare"], indent=1))
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
+    plot(report, out.with_suffix(".png"), TITLES[name])
+    return report
 
 
 if __name__ == "__main__":

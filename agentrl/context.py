@@ -55,17 +55,29 @@ def observed(task: Task, chat: ChatSession, shown: str, tool_name: str | None) -
     it fills the budget of a summarizing policy, the summary request goes in with it."""
     messages: list[Message] = [chat.observation(shown, tool_name)]
     policy, reply = task.spec.context, task.spec.limits.max_new_tokens
-    if policy.history == "summarize" and chat.length_after(messages) + reply > budget(task):
+    if policy.history == "summarize" and chat.length_after(messages) + reply > budget(task, chat):
         messages.append(_request(task))
     chat.add_messages(messages)
 
 
-def budget(task: Task) -> int:
-    return task.spec.context.budget(task.spec.limits.context_length)
+def budget(task: Task, chat: ChatSession) -> int:
+    """`budget_tokens`, or its default: the whole context, less, when the policy
+    summarizes, the room the summary needs: its request as this chat's template renders it
+    and `summary_tokens`. The summary is asked when the next turn would pass the budget,
+    and one cut off ends the episode: a budget of the whole context left it a few tokens
+    (every summary of the embedded model on the trail task), and one less summary_tokens
+    alone still left the request's tokens out (about 70 of them)."""
+    policy, context_length = task.spec.context, task.spec.limits.context_length
+    if policy.budget_tokens is not None:
+        return policy.budget_tokens
+    if policy.history != "summarize":
+        return context_length
+    request = max(chat.length_after([_request(task)]) - len(chat), 0)
+    return context_length - policy.summary_tokens - request
 
 
 def over_budget(task: Task, chat: ChatSession) -> bool:
-    return len(chat) + task.spec.limits.max_new_tokens > budget(task)
+    return len(chat) + task.spec.limits.max_new_tokens > budget(task, chat)
 
 
 def drop_oldest(task: Task, chat: ChatSession) -> None:
@@ -78,7 +90,7 @@ def drop_oldest(task: Task, chat: ChatSession) -> None:
     droppable = starts[: max(len(starts) - policy.keep_turns, 0)]
     if not droppable:
         return
-    room = budget(task) - task.spec.limits.max_new_tokens
+    room = budget(task, chat) - task.spec.limits.max_new_tokens
     head = _with_note(chat.opening, _DROPPED)
     for k in range(1, len(droppable) + 1):
         cut = starts[k] if k < len(starts) else len(chat.messages)

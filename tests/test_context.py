@@ -186,18 +186,25 @@ def test_summarize_asks_the_policy_and_continues_from_its_summary(
 
 def test_by_default_a_summary_has_its_room(tmp_path: Path, tokenizer) -> None:
     """With no budget_tokens, a summarizing policy's budget is the context less the
-    summary's tokens, so the summary asked when the next turn would pass it can be as
-    long as summary_tokens allow (before, the budget was the whole context: the summary
-    had a few tokens left, was cut off and ended the episode context_limit)."""
+    summary's tokens and its request's, so the summary asked when the next turn would pass
+    it gets all of summary_tokens (when the observation that fills the budget stays within
+    it): a summary longer than that is cut at summary_tokens and the episode goes on.
+    Before, the budget was the whole context (the summary had a few tokens left), then the
+    context less summary_tokens alone, which left the default request (about 70 tokens)
+    out: the trail task's summaries got 4 tokens, were cut off by the context and ended
+    every episode context_limit."""
     context = {"history": "summarize", "keep_turns": 1, "summary_tokens": 64}
-    task = make_task(tmp_path, context, context_length=512, max_turns=3)
-    assert task.spec.context.budget(512) == 512 - 64
-    assert len(tokenizer.encode(SUMMARY)) > 16  # more than a full context would leave it
-    steps = [bash(f"echo step-{k}; seq 1 30") for k in range(3)]
-    traj = play(task, [steps[0], SUMMARY, *steps[1:]], tokenizer)  # asked after one turn
+    task = make_task(tmp_path, context, context_length=460, max_turns=3)
+    rambling = "I printed numbers, then more numbers, and will go on printing them. " * 8
+    assert len(tokenizer.encode(rambling)) > 64
+    steps = [bash(f"echo step-{k}; seq 1 3") for k in range(3)]
+    traj = play(task, [steps[0], rambling, *steps[1:]], tokenizer)  # asked after one turn
     kinds = [t.kind for t in traj.turns]
     assert kinds[:3] == ["action", "summary", "action"]  # the episode went on after it
-    assert (traj.turns[1].action, traj.turns[1].finish_reason) == (SUMMARY, "stop")
+    summary = traj.turns[1]
+    assert summary.finish_reason == "length"  # cut at summary_tokens, not by the context
+    assert summary.span[1] - summary.span[0] == 64
+    assert len(traj.prompt_ids) + summary.span[1] <= 512
     assert [s.reason for s in traj.segments][:1] == ["summary"]
     assert_rebuilt(task, traj, tokenizer)
 

@@ -270,8 +270,8 @@ class ContextPolicy(_Model):
         default=None,
         ge=64,
         description="prompt tokens + max_new_tokens above which history is dropped or "
-        "summarized (default: limits.context_length; with summarize, less summary_tokens, "
-        "so that the summary has room)",
+        "summarized (default: limits.context_length; with summarize, less summary_tokens "
+        "and the request's own tokens, so that the summary has its room)",
     )
     keep_turns: int = Field(
         default=1,
@@ -283,15 +283,6 @@ class ContextPolicy(_Model):
         default=DEFAULT_SUMMARY_PROMPT, description="what the policy is asked to summarize"
     )
     summary_tokens: int = Field(default=256, ge=1, description="max tokens of the summary")
-
-    def budget(self, context_length: int) -> int:
-        """`budget_tokens`, or its default: the whole context, less the summary's room
-        when the policy summarizes (the summary is asked when the next turn would pass the
-        budget, so a budget of the whole context left it a few tokens, and a summary cut
-        off ends the episode)."""
-        if self.budget_tokens is not None:
-            return self.budget_tokens
-        return context_length - (self.summary_tokens if self.history == "summarize" else 0)
 
 
 class AgentConfig(_Model):
@@ -376,7 +367,12 @@ class TaskSpec(_Model):
             )
         if budget is not None and context.history == "keep":
             raise ValueError("context.budget_tokens does nothing with history: keep")
-        room = context.budget(limits.context_length) - limits.max_new_tokens  # for a prompt
+        if budget is None:  # context.budget's default, less the summary request (unknown here)
+            summary = context.summary_tokens if context.history == "summarize" else 0
+            budget_or_default = limits.context_length - summary
+        else:
+            budget_or_default = budget
+        room = budget_or_default - limits.max_new_tokens  # for a prompt
         if budget is not None and room <= 0:
             raise ValueError(
                 f"context.budget_tokens ({budget}) leaves no room for a prompt beside "

@@ -17,8 +17,9 @@
 
 `--job trail` trains `examples/train/trail.yaml`, the long-horizon job (9 tool calls a
 solved episode), with the arms that analysis says should pay there (results in
-branch_credit_long.json), evaluating 24 held-out episodes after every step: outcome
-(6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4 steps, as each
+branch_credit_long.json), 2 prompts x 8 samples a step (half the shipped batch, so
+that 3 seeds of two arms fit an afternoon here), evaluating 24 held-out episodes after
+every step: outcome (6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4 steps, as each
 costs several outcome steps' tokens); branch-pool (the same with `pool: true`: siblings
 with identical histories are free samples of each other's states, and a state is
 branched once for the group); branch-uncertain (`select: uncertain`: the states before

@@ -343,3 +343,84 @@ def test_an_async_run_shows_its_lag_and_a_segmented_episode_its_ledgers(page: An
         )
         assert masks == segment.loss_mask
         page.goto("about:blank")
+
+
+SUMMARIZED = SHIPPED.parent / "trail-summarize"
+TRAIL = Path(__file__).parent.parent / "tasks" / "train" / "trail"
+
+
+def summarizing_trail(folder: Path) -> Path:
+    """The task of the shipped trail-summarize run: tasks/train/trail with the context
+    block its README names (a 320-token context, summaries of at most 64 tokens, the last
+    turn kept verbatim), in a copy under `folder`."""
+    copy = folder / "trail-summarize"
+    shutil.copytree(TRAIL, copy)
+    text = (copy / "task.yaml").read_text()
+    old = "  context_length: 256\n"
+    assert text.count(old) == 1 and text.count("history: drop_oldest\n  keep_turns: 2\n") == 1
+    text = text.replace(old, "  context_length: 320\n").replace(
+        "history: drop_oldest\n  keep_turns: 2\n",
+        "history: summarize\n  keep_turns: 1\n  summary_tokens: 64\n",
+    )
+    (copy / "task.yaml").write_text(text)
+    return copy / "task.yaml"
+
+
+def test_a_summarized_episodes_segments_train_token_exactly(page: Any, tmp_path: Path):
+    """The second shipped run (examples/runs/trail-summarize: a real `agentrl train` of the
+    trail task with `history: summarize`): a summarized episode's every ledger is shown
+    with its own ids and mask, the summaries' own tokens marked sampled (trained); the
+    ledgers are exactly the chats the turns rebuild (`conversation`), so what trains is
+    what the policy saw; and the trainer's logprobs matched the sampler's on the
+    segments a summary began (`logprob_mismatch_rewritten`, every step)."""
+    from agentrl.episode import conversation
+    from agentrl.inference.embedded import load_tokenizer
+    from agentrl.tasks.load import load_task
+
+    run = tmp_path / SUMMARIZED.name
+    shutil.copytree(SUMMARIZED, run)
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    mismatch = [m["logprob_mismatch_rewritten"] for m in steps if m["kind"] == "train"]
+    assert mismatch and all(0 <= m < 1e-4 for m in mismatch)
+    trajs = trajectories(run / "trajectories.jsonl")
+    summarized = [t for t in trajs if any(u.kind == "summary" for u in t.turns)]
+    assert summarized and all(t.segments for t in summarized)
+    task, tokenizer = load_task(summarizing_trail(tmp_path / "task")), load_tokenizer()
+    for t in summarized:  # the ledgers are the chats the turns rebuild, token for token
+        rebuilt = conversation(task, t, tokenizer).all_segments
+        assert [(s.reason, s.prompt_ids, s.response_ids, s.loss_mask) for s in rebuilt] == [
+            (s.reason, s.prompt_ids, s.response_ids, s.loss_mask) for s in t.ledgers()
+        ]
+    ids = {t.trajectory_id for t in summarized}  # the one with the most ledgers
+    row, traj = max(
+        enumerate(trajs), key=lambda kt: (kt[1].trajectory_id in ids, len(kt[1].segments))
+    )
+    ledgers = traj.ledgers()
+    folder = RunFolder(run, model="embedded")  # the policy was a checkpoint: same tokenizer
+    folder.refresh()
+    with ViewServer(folder) as server:
+        page.goto(server.url + f"#/episode/train/{row}")
+        page.wait_for_selector(f"#tokens span.tok[data-seg='{len(ledgers) - 1}']")
+        reasons = page.eval_on_selector_all(
+            "#segments tbody tr", "rs => rs.map(r => r.children[1].textContent)"
+        )
+        assert reasons == ["start (top level)"] + [s.reason for s in traj.segments]
+        assert "summary" in reasons
+        for k, ledger in enumerate(ledgers):
+            shown = page.eval_on_selector_all(
+                f"#tokens span.tok[data-seg='{k}']",
+                """ts => ts.map(t => ({id: +t.dataset.id, mask: +t.dataset.mask,
+                                       sampled: t.classList.contains('sampled')}))""",
+            )
+            assert [t["id"] for t in shown] == ledger.response_ids
+            assert [t["mask"] for t in shown] == ledger.loss_mask
+            assert [t["sampled"] for t in shown] == [m == 1 for m in ledger.loss_mask]
+        for turn in (u for u in traj.turns if u.kind == "summary"):
+            start, end = turn.span
+            assert set(ledgers[turn.segment].loss_mask[start:end]) == {1}  # trained on
+            ids = ledgers[turn.segment].response_ids[start:end]
+            assert tokenizer.decode(ids, skip_special_tokens=True).strip() == turn.action.strip()
+        assert page.locator("#turns .summary-turn").count() == sum(
+            u.kind == "summary" for u in traj.turns
+        )
+        page.goto("about:blank")

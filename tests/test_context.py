@@ -328,3 +328,48 @@ def test_validate_refuses_a_context_policy_that_cannot_work(
 ) -> None:
     (problem,) = check_task(write_task(tmp_path, context, **limits))
     assert message in problem.message
+
+
+def test_a_continuation_from_a_state_its_context_policy_had_yet_to_trim_runs(
+    tmp_path: Path, tokenizer
+) -> None:
+    """A branch continuation starts from its parent's chat before turn t, which can be
+    longer than the context: the observation before t filled it, and drop_oldest trims
+    before t is sampled. INIT took that chat for a first prompt that cannot fit and
+    aborted the continuation as an infrastructure failure (on the trail task, 6 of 32
+    continuations a step)."""
+    from agentrl.episode.factory import Episodes
+
+    task = make_task(tmp_path, {"history": "drop_oldest", "keep_turns": 1}, context_length=512)
+    replies = [bash(f"echo step-{k}; seq 1 30") for k in range(4)] + [
+        bash("touch done.txt"),
+        FINISH,
+    ]
+    parent = play(task, replies, tokenizer)
+    assert (parent.stop_reason, parent.reward) == (StopReason.finished, 1.0) and parent.segments
+    turn = next(  # a state the parent's context policy trimmed before going on
+        k
+        for k in range(1, len(parent.turns))
+        if len(conversation(task, parent, tokenizer, upto=k)) >= 512
+    )
+
+    async def main() -> Trajectory:
+        env = TaskEnv(task, LocalProvider(), RUN_ID)
+        episodes = Episodes(ScriptedSampler(replies[turn:], tokenizer), tokenizer, {"context": env})
+        ep = episodes.continued(
+            task, task.instances[0], parent, turn, trajectory_id=f"{parent.trajectory_id}~{turn}-0",
+            purpose="value", snapshot=None,
+        )  # fmt: skip
+        try:
+            await ep.init()
+            await ep.run()
+            await ep.evaluate()
+        finally:
+            await ep.close()
+        return ep.result()
+
+    branch = asyncio.run(main())
+    assert branch.error is None
+    assert (branch.stop_reason, branch.reward) == (StopReason.finished, 1.0)
+    assert branch.turns[turn].segment > parent.turns[turn - 1].segment  # trimmed, then sampled
+    assert [s.reason for s in branch.segments] == [s.reason for s in parent.segments]

@@ -231,7 +231,10 @@ class Episode:
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
         with self.boundary("init", timeout):
-            overflow = prompt_overflow(self.task, self.chat) if self.player.task_tools else None
+            # A fresh episode's first prompt only: a continuation's chat is its parent's
+            # before turn t, which the context policy trims before t is sampled.
+            first = self.player.task_tools and self.branch_of is None
+            overflow = prompt_overflow(self.task, self.chat) if first else None
             if overflow is not None:  # a task that cannot fit: no sandbox, not the agent's
                 raise EpisodeAborted(f"{self.instance.id}: {overflow}", fix=PROMPT_FIX)
             retrying = AsyncRetrying(

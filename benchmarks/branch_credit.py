@@ -17,25 +17,28 @@
 
 `--job trail` trains `examples/train/trail.yaml`, the long-horizon job (9 tool calls a
 solved episode), with the arms that analysis says should pay there (results in
-branch_credit_long.json), 2 prompts x 8 samples a step (half the shipped batch, so
-that 3 seeds of two arms fit an afternoon here), evaluating 24 held-out episodes after
-every step: outcome (6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4 steps, as each
-costs several outcome steps' tokens); branch-pool (the same with `pool: true`: siblings
-with identical histories are free samples of each other's states, and a state is
-branched once for the group); branch-uncertain (`select: uncertain`: the states before
-and after the least certain reply, `k: 3` each); branch-train (branch, continuations
-trained on).
+branch_credit_long.json), 2 prompts x 8 samples a step (half the shipped batch, so that
+3 seeds of two arms fit an afternoon here), evaluating 24 held-out episodes after every
+step: outcome (6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4
+steps, as each costs several outcome steps' tokens); branch-pool (the same with `pool:
+true`: siblings with identical histories are free samples of each other's states, and a
+state is branched once for the group); branch-uncertain (`select: uncertain`: the states
+before and after the least certain reply, `k: 3` each); branch-train (branch,
+continuations trained on).
 
 The x-axes are sampled tokens (the training episodes' own plus, for branch arms, what
 the continuations sampled after their branch point, `branch_sampled_tokens`) and sandbox
 seconds (the seconds every training episode and continuation held a sandbox: INIT or
 restore, turns, EVAL). For each seed and threshold it finds the tokens (and sandbox
 seconds, and training wall time) needed to first reach it (linear between evaluated
-steps) and reports arm / outcome per seed and their geometric mean. Results go to the
+steps) and reports arm / outcome per seed and their geometric mean; a seed where one arm
+never reached the level gives a bound instead (`ratio_at_least`, `ratio_at_most`, from
+that arm's whole run) and is counted in `seeds_not_reached`. Results go to the
 job's JSON and a plot beside it (held-out reward against each axis, mean and 95%
 interval over seeds). Seeds are the outer loop and arms alternate within each, so a
 change of machine load hits every arm alike; `--arms` runs some and merges them into an
-existing report (each run records the commit it ran).
+existing report (each run records the commit it ran); `--report` trains nothing and
+recomputes the report and plot from the runs it holds.
 """
 
 from __future__ import annotations
@@ -103,7 +106,12 @@ COLORS = {
     "branch-pool": "tab:green",
     "branch-uncertain": "tab:purple",
 }
-AXES = (("tokens", "sampled tokens"), ("sandbox_s", "sandbox seconds"), ("wall_s", "train wall s"))
+AXES = (
+    ("tokens", "sampled tokens"),
+    ("sandbox_s", "sandbox seconds"),
+    ("wall_s", "train wall s"),
+    ("step", "training steps"),
+)
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -196,24 +204,45 @@ def compare(job: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm in [a for a in job["arms"] if a != "outcome"]:
         seeds = sorted({s for a, s in by if a == arm} & {s for a, s in by if a == "outcome"})
+        if not seeds:
+            continue
         for x, _ in AXES:
             for level in job["thresholds"]:
-                rows = []
-                for s in seeds:
-                    if x not in by[arm, s]["curve"][0]:  # a run from before the axis
-                        continue
-                    b = first_reach(by[arm, s]["curve"], x, level)
-                    o = first_reach(by["outcome", s]["curve"], x, level)
-                    ratio = round(b / o, 3) if b and o else None
-                    rows.append({"seed": s, arm: b, "outcome": o, "ratio": ratio})
+                b = [first_reach(by[arm, s]["curve"], x, level) for s in seeds]
+                o = [first_reach(by["outcome", s]["curve"], x, level) for s in seeds]
+                rows = [
+                    {"seed": s, arm: bs, "outcome": os_}
+                    | _ratio(by[arm, s], by["outcome", s], x, bs, os_)
+                    for s, bs, os_ in zip(seeds, b, o, strict=True)
+                    if x in by[arm, s]["curve"][0]  # a run from before the axis
+                ]
                 ratios = [r["ratio"] for r in rows if r["ratio"]]
                 geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
                 out[f"{arm}/outcome {x} to {level}"] = {
                     "per_seed": rows,
                     "geomean_ratio": round(geo, 3) if geo else None,
                     "range": [min(ratios), max(ratios)] if ratios else None,
+                    "seeds_not_reached": {
+                        arm: [r["seed"] for r in rows if r[arm] is None],
+                        "outcome": [r["seed"] for r in rows if r["outcome"] is None],
+                    },
                 }
     return out
+
+
+def _ratio(
+    arm: dict[str, Any], outcome: dict[str, Any], x: str, b: float | None, o: float | None
+) -> dict[str, Any]:
+    """arm / outcome; when one of them never reached the level, the bound its whole run
+    gives (`ratio_at_least`: the arm did not reach it within its run; `ratio_at_most`: the
+    outcome arm did not), so a seed that fails to reach is not silently dropped."""
+    if b and o:
+        return {"ratio": round(b / o, 3)}
+    if b is None and o:
+        return {"ratio": None, "ratio_at_least": round(arm["curve"][-1][x] / o, 3)}
+    if o is None and b:
+        return {"ratio": None, "ratio_at_most": round(b / outcome["curve"][-1][x], 3)}
+    return {"ratio": None}
 
 
 def mean_curve(runs: list[dict[str, Any]], x: str) -> tuple[list[float], list[float], list[float]]:
@@ -236,8 +265,8 @@ def plot(report: dict[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(AXES), figsize=(5.5 * len(AXES), 4))
-    for ax, (x, label) in zip(axes, AXES, strict=True):
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, (x, label) in zip(axes.flat, AXES, strict=True):
         for arm, color in COLORS.items():
             runs = [r for r in report["runs"] if r["arm"] == arm and x in r["curve"][0]]
             if not runs:
@@ -248,7 +277,7 @@ def plot(report: dict[str, Any], path: Path, title: str) -> None:
             xs, ys, cis = mean_curve(runs, x)
             ax.errorbar(xs, ys, yerr=cis, color=color, marker="o", capsize=3,
                         label=f"{arm} (mean of {len(runs)} seeds, 95% CI)")  # fmt: skip
-        ax.set_xlabel(label + " (cumulative, training only)")
+        ax.set_xlabel(label if x == "step" else label + " (cumulative, training only)")
         ax.set_ylabel("held-out reward")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
@@ -260,7 +289,7 @@ def plot(report: dict[str, Any], path: Path, title: str) -> None:
 
 TITLES = {
     "look-then-act": "look-then-act: outcome GRPO vs branch credit (k=2, before turns 1 and 2)",
-    "trail": "trail (9 tool calls): outcome GRPO vs branch credit and its ablations",
+    "trail": "trail (9 tool calls, 2 prompts x 8 a step): outcome GRPO vs branch credit",
 }
 
 
@@ -271,6 +300,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs", type=Path, help="default: runs/branch-credit[-JOB]")
     parser.add_argument("--out", type=Path, help="default: the job's results JSON")
+    parser.add_argument(
+        "--report", action="store_true", help="train nothing: recompute the report and plot"
+    )
     args = parser.parse_args()
     job = JOBS[args.job]
     arms = args.arms or list(job["arms"])
@@ -281,6 +313,10 @@ def main() -> None:
         "branch-credit" if args.job == "look-then-act" else f"branch-credit-{args.job}"
     )
     runs = json.loads(out.read_text())["runs"] if out.exists() else []
+    if args.report:
+        report = write_report(job, args.job, runs, out)
+        print(json.dumps(report["compare"], indent=1))
+        return
     for seed in args.seeds:  # arms alternate, so a load change hits them alike
         for arm in arms:
             run = train(job, arm, seed, runs_dir)

@@ -140,7 +140,7 @@ def train(job: dict[str, Any], arm: str, seed: int, runs: Path) -> dict[str, Any
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "agentrl.cli", "train", str(config), "--seed", str(seed)]
     cmd += ["--out", str(out), "--overwrite"]
-    started = time.monotonic()
+    started, ran = time.monotonic(), commit()  # the code the run starts from
     try:
         with out.with_suffix(".log").open("w") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
@@ -177,7 +177,7 @@ def train(job: dict[str, Any], arm: str, seed: int, runs: Path) -> dict[str, Any
     return {
         "arm": arm,
         "seed": seed,
-        "commit": commit(),
+        "commit": ran,
         "total_s": round(time.monotonic() - started, 1),
         "curve": curve,
         "train_reward": [round(r["reward_mean"], 4) for r in steps],

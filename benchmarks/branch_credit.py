@@ -22,9 +22,9 @@ branch_credit_long.json), 2 prompts x 8 samples a step (half the shipped batch, 
 step: outcome (6 steps); branch (`k: 2` from 2 states per episode, evenly spread; 4
 steps, as each costs several outcome steps' tokens); branch-pool (the same with `pool:
 true`: siblings with identical histories are free samples of each other's states, and a
-state is branched once for the group); branch-uncertain (`select: uncertain`: the states
-before and after the least certain reply, `k: 3` each); branch-train (branch,
-continuations trained on).
+state is branched once for the group); and two ablations of branch-pool:
+branch-uncertain (`select: uncertain`: the states before and after the least certain
+reply, `k: 3` each) and branch-train (its continuations trained on).
 
 The x-axes are sampled tokens (the training episodes' own plus, for branch arms, what
 the continuations sampled after their branch point, `branch_sampled_tokens`) and sandbox
@@ -94,8 +94,8 @@ JOBS: dict[str, dict[str, Any]] = {
             "outcome": {"schedule": {"steps": 6}},
             "branch": branch_arm(4, select="count", count=2),
             "branch-pool": branch_arm(4, select="count", count=2, pool=True),
-            "branch-uncertain": branch_arm(4, k=3, select="uncertain", count=1),
-            "branch-train": branch_arm(4, train=True, select="count", count=2),
+            "branch-uncertain": branch_arm(4, k=3, select="uncertain", count=1, pool=True),
+            "branch-train": branch_arm(4, train=True, select="count", count=2, pool=True),
         },
     },
 }

@@ -164,3 +164,13 @@ def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
             raise TimeoutError(f"{pattern!r} not in {seen[-300:]!r}")
         seen += shell.read(0.1)
     return found
+
+
+def sigint_as_a_terminal_sends() -> None:
+    """Popen's preexec_fn for a child the test sends Ctrl-C: SIGINT back to its default,
+    so Python installs its KeyboardInterrupt handler. A suite started in the background
+    (`pytest &` in a script, nohup) runs with SIGINT ignored, the child inherits that, and
+    Python then leaves it ignored: the child never sees the test's Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from clirun import agentrl
+from conftest import sigint_as_a_terminal_sends
 
 from agentrl.errors import ConfigError
 from agentrl.trajectory import (
@@ -434,6 +435,7 @@ def test_the_cli_serves_a_run_and_stops_cleanly_on_ctrl_c(tmp_path: Path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_a_terminal_sends,
     )
     try:
         assert proc.stdout is not None

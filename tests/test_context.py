@@ -338,7 +338,7 @@ def test_a_continuation_from_a_state_its_context_policy_had_yet_to_trim_runs(
     before t is sampled. INIT took that chat for a first prompt that cannot fit and
     aborted the continuation as an infrastructure failure (on the trail task, 6 of 32
     continuations a step)."""
-    from agentrl.episode.factory import Episodes
+    from agentrl.episode.factory import Episodes, played
 
     task = make_task(tmp_path, {"history": "drop_oldest", "keep_turns": 1}, context_length=512)
     replies = [bash(f"echo step-{k}; seq 1 30") for k in range(4)] + [
@@ -356,17 +356,17 @@ def test_a_continuation_from_a_state_its_context_policy_had_yet_to_trim_runs(
     async def main() -> Trajectory:
         env = TaskEnv(task, LocalProvider(), RUN_ID)
         episodes = Episodes(ScriptedSampler(replies[turn:], tokenizer), tokenizer, {"context": env})
-        ep = episodes.continued(
-            task, task.instances[0], parent, turn, trajectory_id=f"{parent.trajectory_id}~{turn}-0",
-            purpose="value", snapshot=None,
-        )  # fmt: skip
-        try:
-            await ep.init()
-            await ep.run()
-            await ep.evaluate()
-        finally:
-            await ep.close()
-        return ep.result()
+        return await played(
+            episodes.continued(
+                task,
+                task.instances[0],
+                parent,
+                turn,
+                trajectory_id=f"{parent.trajectory_id}~{turn}-0",
+                purpose="value",
+                snapshot=None,
+            )  # fmt: skip
+        )
 
     branch = asyncio.run(main())
     assert branch.error is None

@@ -134,7 +134,11 @@ async def run_episode(
 ) -> Trajectory:
     """One episode of `task` on `instance`, start to end; always a validated Trajectory."""
     episodes = Episodes(sampler, tokenizer, {task.spec.name: env})
-    episode = episodes.fresh(task, instance, sample, scheduled_step=scheduled_step)
+    return await played(episodes.fresh(task, instance, sample, scheduled_step=scheduled_step))
+
+
+async def played(episode: Episode) -> Trajectory:
+    """`episode` (fresh or continued) from INIT to close; its validated Trajectory."""
     try:
         await episode.init()
         await episode.run()

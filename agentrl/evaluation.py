@@ -34,9 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl import atomic
 from agentrl.dispatch.stream import progress_bars, stream_episodes
 from agentrl.episode import Episodes, make_env
+from agentrl.episode.journal import JOURNAL, Journal
 from agentrl.errors import ConfigError, TrajectoryError
 from agentrl.preflight import preflight
-from agentrl.run_info import RunInfo, write_run_info
+from agentrl.run_info import RunInfo, read_run_info, write_run_info
 from agentrl.scores import Outcome, Scores, score
 from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
@@ -136,6 +137,7 @@ class Evaluation:
         a folder holding another evaluation, or no evaluation, is refused."""
         self.out, self.spec, self.overwrite = out, spec, overwrite
         self.store = TrajectoryStore(out / TRAJECTORIES)
+        self.journal = Journal(out / JOURNAL)  # its episodes in flight, for a resume
         self.done: list[Outcome] = []
         if overwrite:
             return
@@ -170,15 +172,29 @@ class Evaluation:
         infrastructure failures (they run again)."""
         self.out.mkdir(parents=True, exist_ok=True)
         if self.overwrite:
-            for name in (EVAL_INFO, RESULTS, TRAJECTORIES, PLOT):
+            for name in (EVAL_INFO, RESULTS, TRAJECTORIES, PLOT, JOURNAL):
                 (self.out / name).unlink(missing_ok=True)
             shutil.rmtree(self.store.grades_dir, ignore_errors=True)
+        else:  # recorded episodes (infrastructure failures too: a retry starts afresh)
+            self.journal.drop(
+                {(task, f"{inst}_{a}") for task, inst, a in (o.key for o in self.done)}
+            )
         atomic.write_text(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
         info = RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths, model=model)
         write_run_info(self.out, info)
         if retry_infra:
             drop_infra(self.out / TRAJECTORIES)
             self.done = [o for o in self.done if o.graded]
+
+    def run_id(self, new: str) -> str:
+        """The run id to record: a folder whose journal holds episodes a killed process
+        left in flight goes on as that run (their snapshots are its); else `new`."""
+        if self.overwrite or not self.journal.path.is_file():
+            return new
+        try:
+            return read_run_info(self.out).run_id
+        except (ConfigError, ValueError):
+            return new
 
     def missing(self, wanted: Sequence[Attempt], *, retry_infra: bool = False) -> list[Attempt]:
         """The attempts of `wanted` not recorded yet (with `retry_infra`, nor those
@@ -216,13 +232,13 @@ async def run_attempts(
     """Run the attempts `todo` and record each as it finishes; nothing is written before
     the preflight (sampler, prompts, one trial INIT per task) passes. `model`: whose
     tokenizer the ids are in, for run.json."""
-    run_id = f"eval-{uuid.uuid4().hex[:8]}"
+    run_id = evaluation.run_id(f"eval-{uuid.uuid4().hex[:8]}")
     by_name = {t.spec.name: t for t in tasks}
     envs = {name: make_env(by_name[name], provider, run_id) for name in {a[0] for a in todo}}
     await preflight(list(envs.values()), sampler, tokenizer)
     evaluation.start(run_id, provider.name, model=model, retry_infra=retry_infra)
     instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
-    factory = Episodes(sampler, tokenizer, envs)
+    factory = Episodes(sampler, tokenizer, envs, journal=evaluation.journal)
     # Episodes hold their tokenized prompts: built a chunk at a time, not thousands at once.
     chunks = [todo[i : i + CHUNK] for i in range(0, len(todo), CHUNK)]
     with progress_bars(show_progress) as progress:
@@ -232,6 +248,7 @@ async def run_attempts(
             ]
             name = "eval" if len(chunks) == 1 else f"eval {n}/{len(chunks)}"
             await stream_episodes(episodes, dispatcher, evaluation.record, progress, name)
+    evaluation.journal.clear()  # every attempt asked is recorded: nothing is in flight
 
 
 def plot_pass_at_k(scores: Scores, png: Path, title: str) -> None:

@@ -125,7 +125,7 @@ async def run_task(
         log.info("%s: %d of %d episodes already recorded (kept)", out_dir, kept, len(asked))
     before = 0.0 if overwrite else _seconds_before(out_dir)
     start = time.monotonic()
-    run_id = f"{task.spec.name}-{uuid.uuid4().hex[:8]}"
+    run_id = folder.run_id(f"{task.spec.name}-{uuid.uuid4().hex[:8]}")
     if not todo:
         return _summary(out_dir, task, _run_id_of(out_dir, run_id), set(asked), before)
     env = make_env(task, provider, run_id)
@@ -138,7 +138,7 @@ async def run_task(
     else:  # a line torn by a kill, or one whose trajectory's line was, goes
         _keep_conversations(conversations, {f"{o.instance}_{o.attempt}" for o in folder.done})
     instances = {i.id: i for i in task.instances}
-    factory = Episodes(sampler, tokenizer, {task.spec.name: env}, snapshots)
+    factory = Episodes(sampler, tokenizer, {task.spec.name: env}, snapshots, folder.journal)
     episodes = [factory.fresh(task, instances[inst], k) for _, inst, k in todo]
 
     def keep(traj: Trajectory) -> None:
@@ -157,6 +157,7 @@ async def run_task(
                 progress,
                 task.spec.name,
             )
+        folder.journal.clear()  # every episode asked is recorded: nothing is in flight
     finally:  # interrupted too: what finished is summarised, and says it is not all
         seconds = before + time.monotonic() - start
         summary = _summary(out_dir, task, run_id, set(asked), seconds)

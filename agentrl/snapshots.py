@@ -49,10 +49,24 @@ class Snapshots:
         """Whether close leaves every snapshot in place (branches reclaim them)."""
         return bool(self.branching)
 
-    def start(self, sandbox: Sandbox, record: Turn | EnvInfo, label: str) -> None:
-        """Commit the sandbox in the background; its id goes to `record` once settled."""
+    def start(
+        self,
+        sandbox: Sandbox,
+        record: Turn | EnvInfo,
+        label: str,
+        landed: Callable[[str], None] | None = None,
+    ) -> None:
+        """Commit the sandbox in the background; its id goes to `record` once settled, and
+        to `landed` (the run's journal) the moment the commit lands."""
         assert self._pending is None
-        self._pending = (record, asyncio.ensure_future(sandbox.snapshot(label)))
+
+        async def commit() -> str:
+            snapshot_id = await sandbox.snapshot(label)
+            if landed is not None:
+                landed(snapshot_id)
+            return snapshot_id
+
+        self._pending = (record, asyncio.ensure_future(commit()))
 
     async def settle(self, name: str) -> None:
         """Wait for the commit in flight, if any, and record its id."""
@@ -97,7 +111,9 @@ class Snapshots:
         }
 
     async def remove(self, remove: Callable[[str], Awaitable[int]]) -> None:
-        for snapshot_id in self.made:
+        # Newest first: after a resume, a snapshot of the restored sandbox is a child of
+        # the image it was restored from, and an image with children cannot be removed.
+        for snapshot_id in reversed(self.made):
             with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
                 await remove(snapshot_id)
 

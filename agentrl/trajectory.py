@@ -215,6 +215,11 @@ class Trajectory(_Strict):
     branch_of: BranchOf | None = Field(
         default=None, description="a continuation of another episode (None: a fresh one)"
     )
+    resumed_at: list[int] = Field(
+        default_factory=list,
+        description="where a killed run's episode went on (turns done): the sandbox restored "
+        "from the snapshot after that many turns, the turns before it as recorded then",
+    )
     error: str | None = Field(default=None, description="what went wrong, for infra failures")
     fix: str | None = Field(default=None, description="how to fix that error, when known")
     grade_file: str | None = Field(

@@ -1,6 +1,7 @@
 """One episode: its stages (`episode.py`), its players (`react.py`, agentrl's loop;
-`harness.py`, an external harness through the gateway), how it is made (`factory.py`)
-and its conversation, opened and rebuilt (`conversation.py`). A player sees only the
+`harness.py`, an external harness through the gateway), how it is made (`factory.py`),
+its conversation, opened and rebuilt (`conversation.py`), and the journal a killed run's
+episodes go on from (`journal.py`). A player sees only the
 narrow context of `agentrl.play`."""
 
 from agentrl.episode.conversation import conversation, open_chat, seen_messages

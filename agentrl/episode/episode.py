@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -59,6 +60,7 @@ from agentrl.trajectory import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.episode.journal import EpisodeJournal, InFlight
     from agentrl.sandbox.base import Sandbox
     from agentrl.tasks.env import EpisodeEnv
 
@@ -113,9 +115,14 @@ class Episode:
         self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
         self.player = player or player_for(task)
         self.snapshots = Snapshots(snapshots or task.spec.snapshots, branching)
+        self.sample = sample
         self.trajectory_id = f"{instance.id}_{sample}"
         self.scheduled_step = scheduled_step
         self.branch_of: BranchOf | None = None  # a continuation: whose, from which turn
+        self.restore_from: str | None = None  # INIT restores this snapshot (None: starts)
+        self.journal: EpisodeJournal | None = None  # the run's journal, for a resume
+        self.resumed_at: list[int] = []  # where a killed run's episode went on
+        self._resumed_lengths: list[int] | None = None  # its ledger's lengths there
         # A harness brings its own tools and conversation: `chat` is then only the task's
         # text (the player's ledger keeps what the harness sent and was sampled).
         self.tools = env.tools() if self.player.task_tools else {}
@@ -171,6 +178,55 @@ class Episode:
         ep.branch_of = BranchOf(
             trajectory_id=parent.trajectory_id, turn=turn, snapshot=snapshot, purpose=purpose
         )
+        ep.restore_from = snapshot
+        return ep
+
+    @classmethod
+    def resumed(
+        cls,
+        task: Task,
+        instance: Instance,
+        found: InFlight,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        env: EpisodeEnv,
+        *,
+        snapshots: SnapshotPolicy,
+        journal: EpisodeJournal,
+    ) -> Episode:
+        """The episode a killed run left in flight, going on from the newest state its
+        journal holds (`agentrl.episode.journal`): INIT restores that state's snapshot,
+        the chat is rebuilt from the recorded turns and must be the recorded ledger token
+        for token (ConfigError otherwise: start it again), the turns after it are sampled
+        again; one whose RUN had ended there is only graded. It is the same episode: same
+        id and sample, its snapshots (retention removes them as its own), its journal."""
+        partial, n = found.partial, found.turns
+        ep = cls(
+            task,
+            instance,
+            found.sample,
+            sampler,
+            tokenizer,
+            env,
+            scheduled_step=partial.scheduled_step,
+            snapshots=snapshots,
+        )
+        ep.chat = ep.ledger = conversation(task, partial, tokenizer, upto=n)
+        recorded = [(s.prompt_ids, s.response_ids) for s in partial.ledgers()]
+        if recorded != [(s.prompt_ids, s.response_ids) for s in ep.chat.all_segments]:
+            raise ConfigError(
+                f"{partial.trajectory_id}: its journaled turns no longer rebuild its tokens "
+                "(was the task's prompt or chat template changed since the run?)",
+                fix="it starts again from INIT",
+            )
+        ep.env_info = partial.env.model_copy(update={"init_attempts": 1})
+        ep.turns = [u.model_copy() for u in partial.turns]
+        ep.resumed_at = [*partial.resumed_at, n]
+        ep.restore_from = found.snapshot
+        ep.snapshots.made = list(found.made)
+        ep.journal = journal
+        ep._resumed_lengths = [len(s.response_ids) for s in partial.ledgers()]
+        ep.stop = found.ended  # RUN had ended: EVAL is what is left
         return ep
 
     @property
@@ -248,22 +304,41 @@ class Episode:
                     self.env_info.init_attempts = attempt.retry_state.attempt_number
                     async with asyncio.timeout(timeout):
                         self.sandbox = await self._start()
-            if self.sandbox is not None:  # the image that ran (SWE-bench: the instance's own)
-                self.env_info.image = self.sandbox.spec.image
-                self.env_info.node = self.sandbox.spec.node
-                if self.snapshots.due(0):
-                    self.snapshots.start(self.sandbox, self.env_info, "init")
+            if self.sandbox is None:
+                return
+            if self._resumed_lengths is not None:  # a resume: its journal goes on from here
+                assert self.journal is not None
+                self.journal.resumed(len(self.turns), self._resumed_lengths)
+                return
+            # the image that ran (SWE-bench: the instance's own)
+            self.env_info.image = self.sandbox.spec.image
+            self.env_info.node = self.sandbox.spec.node
+            if self.journal is not None:
+                self.journal.opened(
+                    self.instance.id, self.sample, self.scheduled_step, self.env_info
+                )
+            if self.snapshots.due(0) and self.restore_from is None:
+                self._commit(self.env_info, "init")
 
     async def _start(self) -> Sandbox:
-        """A fresh sandbox, or, for a continuation, the snapshot it branches from."""
-        restore = self.branch_of.snapshot if self.branch_of is not None else None
-        if restore is None:
+        """A fresh sandbox, or the snapshot a continuation or a resume goes on from."""
+        if self.restore_from is None:
             return await self.env.init(self.instance, name=self.trajectory_id)
-        return await self.env.restore(self.instance, restore, name=self.trajectory_id)
+        return await self.env.restore(self.instance, self.restore_from, name=self.trajectory_id)
+
+    def _commit(self, record: Turn | EnvInfo, label: str) -> None:
+        """Snapshot the sandbox as it is after the turns done, in the background; the run's
+        journal gets the state first and the snapshot's id the moment it lands."""
+        assert self.sandbox is not None
+        n, journal = len(self.turns), self.journal
+        if journal is not None:
+            journal.reached(n, self.turns, self.chat.all_segments)
+        landed = None if journal is None else functools.partial(journal.landed, n)
+        self.snapshots.start(self.sandbox, record, label, landed)
 
     async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:
         """RUN: the player's turns; `gate` is held around each generation request."""
-        if self.failed or self.sandbox is None:
+        if self.stop is not None or self.sandbox is None:  # failed, or resumed after RUN
             return
         play = Play(
             trajectory_id=self.trajectory_id,
@@ -291,6 +366,8 @@ class Episode:
         finally:
             self.ledger = play.ledger or self.chat
             self.agent_info = play.agent
+        if self.journal is not None and self.stop is not None:
+            self.journal.ended(len(self.turns), self.stop)
 
     @contextlib.asynccontextmanager
     async def waiting_on_sampler(self) -> AsyncIterator[None]:
@@ -317,7 +394,7 @@ class Episode:
             return
         last = len(turns) >= self.task.spec.limits.max_turns
         if self.snapshots.due(len(turns), last=last):
-            self.snapshots.start(self.sandbox, turns[-1], f"turn-{len(turns) - 1:03d}")
+            self._commit(turns[-1], f"turn-{len(turns) - 1:03d}")
 
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
@@ -403,6 +480,7 @@ class Episode:
                 env=env_info,
                 agent=self.agent_info,
                 branch_of=self.branch_of,
+                resumed_at=self.resumed_at,
                 error=self.error,
                 fix=self.fix,
             )

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentrl.episode.journal import EpisodeJournal, InFlight, Journal
     from agentrl.inference.base import Sampler
     from agentrl.sandbox.base import SandboxProvider
     from agentrl.tasks.env import EpisodeEnv, TaskEnv
@@ -49,13 +50,16 @@ def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
 @dataclass
 class Episodes:
     """Makes one run's episodes: its sampler and tokenizer, each task's runtime (by task
-    name), the snapshot policy (None: each task's own)."""
+    name), the snapshot policy (None: each task's own), and the run's journal (None:
+    none), where episodes with replay points record what a resume after a kill needs."""
 
     sampler: Sampler
     tokenizer: PreTrainedTokenizerBase
     envs: Mapping[str, EpisodeEnv]
     snapshots: SnapshotPolicy | None = None
+    journal: Journal | None = None
     _said: set[str] = field(default_factory=set, repr=False)
+    _in_flight: dict[tuple[str, str], InFlight] | None = field(default=None, repr=False)
 
     def fresh(
         self,
@@ -68,7 +72,8 @@ class Episodes:
     ) -> Episode:
         """Sample `sample` of `instance` (trajectory `<instance>_<sample>`). `branching`:
         the branch estimator's snapshot cadence; an external harness's episode is never
-        branched (agentrl did not act)."""
+        branched (agentrl did not act). Where the run's journal holds this episode in
+        flight from a killed process, it goes on from there (`Episode.resumed`)."""
         player, env = player_for(task), self.envs[task.spec.name]
         snapshots = self.snapshots or task.spec.snapshots
         if not env.can_snapshot:  # no replay points, no branches: the provider cannot
@@ -78,7 +83,12 @@ class Episodes:
                     f"{task.spec.name} get no replay points and no branches"
                 )
             snapshots, branching = snapshots.model_copy(update={"every": 0}), 0
-        return Episode(
+        journal = None
+        if self.journal is not None and snapshots.every and player.task_tools:
+            journal = self.journal.episode(task.spec.name, f"{instance.id}_{sample}")
+            if (resumed := self._resumed(task, instance, snapshots, journal)) is not None:
+                return resumed
+        episode = Episode(
             task,
             instance,
             sample,
@@ -90,6 +100,39 @@ class Episodes:
             branching=branching if player.task_tools else 0,
             player=player,
         )
+        episode.journal = journal
+        return episode
+
+    def _resumed(
+        self, task: Task, instance: Instance, snapshots: SnapshotPolicy, journal: EpisodeJournal
+    ) -> Episode | None:
+        """The episode the journal holds in flight, going on; None: it starts afresh."""
+        assert self.journal is not None
+        if self._in_flight is None:
+            self._in_flight = self.journal.in_flight()
+        found = self._in_flight.pop((task.spec.name, journal.trajectory_id), None)
+        if found is None:
+            return None
+        try:
+            episode = Episode.resumed(
+                task,
+                instance,
+                found,
+                self.sampler,
+                self.tokenizer,
+                self.envs[task.spec.name],
+                snapshots=snapshots,
+                journal=journal,
+            )
+        except ConfigError as e:
+            log.warning("%s: %s; %s", journal.trajectory_id, e.message, e.fix)
+            return None
+        log.info(
+            "%s: goes on after turn %d, from its snapshot (the run before was killed)",
+            journal.trajectory_id,
+            found.turns,
+        )
+        return episode
 
     def _say_once(self, message: str) -> None:
         if message not in self._said:

@@ -47,11 +47,14 @@ async def _react(ctx: Play) -> NoReturn:
         turn = await _sample(ctx, limits.max_new_tokens, "action")
         await ctx.settle()  # before the sandbox changes
         obs = await act(turn.action, task.spec.prompt.action_format, ctx.tools, sandbox, turn)
-        ctx.snapshot_last_turn()
         if obs.done:
             turn.observation = obs.text
+            ctx.snapshot_last_turn()
             raise EpisodeEnd(StopReason.finished)
+        # The turn is whole (its observation in the ledger) when its snapshot starts: the
+        # run's journal records the state the snapshot holds.
         turn.observation = context.observe(task, chat, obs.text, turn.tool_name)
+        ctx.snapshot_last_turn()
         since_summary += 1
     raise EpisodeEnd(StopReason.max_turns)
 

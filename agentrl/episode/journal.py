@@ -1,0 +1,307 @@
+"""The journal of episodes in flight: what a killed run needs to go on with each one at its
+last replay point, instead of starting it again.
+
+An episode with replay points (`snapshots.every`) appends to its run's journal (one
+JSONL file, each line written whole and fsynced) as it goes:
+
+  open     at INIT's end: which task, instance and sample; its scheduled step; the image
+  reached  as a snapshot of the state after n turns starts: the turn records and the token
+           ledger up to there (only what earlier lines did not hold) and each segment's
+           length there
+  landed   as that commit lands: the snapshot's id
+  ended    RUN is over (finished, max_turns): EVAL is all that is left
+  resumed  a later process went on from state n: what earlier lines said after n is void
+
+A killed process (`kill -9`, the machine losing power) leaves every line written before
+the kill; a line torn by it is skipped. The next run over the same folder reads, for
+each episode it still owes, the newest state both reached and landed (`InFlight`), and
+the episode factory goes on from there (`Episode.resumed`): its sandbox restored from
+that snapshot, its chat rebuilt from the recorded turns and checked against the recorded
+tokens, and only the turns after it sampled again. So a kill loses at most the turns
+since the last snapshot (with `every: 1`, the turn in progress), and the trajectory is
+the one an uninterrupted run records, with the resume points in `resumed_at`. An episode
+whose RUN had ended at its last snapshot is graded without sampling anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Container
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentrl import atomic
+from agentrl.trajectory import EnvInfo, Segment, StopReason, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from agentrl.chat import ChatSegment
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "inflight.jsonl"
+ENDED = (StopReason.finished, StopReason.max_turns)
+"""RUN's ends after which nothing is sampled again: a resume at the last turn only grades."""
+
+
+@dataclass
+class InFlight:
+    """What the journal holds of one episode: the state it goes on from (`turns` done,
+    the sandbox in `snapshot`), recorded as a partial trajectory whose ledger ends there."""
+
+    partial: Trajectory
+    turns: int
+    snapshot: str
+    sample: int
+    made: list[str]
+    """Every snapshot the episode made up to `turns` (its retention removes them)."""
+    ended: StopReason | None
+    """RUN had ended there: EVAL is all that is left."""
+
+
+class Journal:
+    """One run's journal (`path`), shared by its episodes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def episode(self, task: str, trajectory_id: str) -> EpisodeJournal:
+        """The writer of one episode's lines."""
+        return EpisodeJournal(self, task, trajectory_id)
+
+    def write(self, line: dict[str, Any]) -> None:
+        """Append one line, whole, and fsync it: a kill after this keeps it."""
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def in_flight(self) -> dict[tuple[str, str], InFlight]:
+        """(task, trajectory id) -> where each journaled episode can go on from; those
+        with no landed snapshot are not here (they start again)."""
+        states: dict[tuple[str, str], _State] = {}
+        for line in self._lines():
+            key = (line["task"], line["t"])
+            if "open" in line:
+                states[key] = _State(line["open"])
+            elif (state := states.get(key)) is not None:
+                state.read(line)
+        out = {}
+        for key, state in states.items():
+            if (found := state.in_flight(*key)) is not None:
+                out[key] = found
+        return out
+
+    def drop(self, keys: Container[tuple[str, str]]) -> None:
+        """Rewrite the journal (atomically) without the lines of the episodes `keys`
+        (task, trajectory id): those recorded, whose journal is done."""
+        if not self.path.is_file():
+            return
+        kept = [
+            json.dumps(line, separators=(",", ":")) + "\n"
+            for line in self._lines()
+            if (line["task"], line["t"]) not in keys
+        ]
+        if kept:
+            atomic.write_text(self.path, "".join(kept))
+        else:
+            self.path.unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _lines(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        lines = []
+        with self.path.open("rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = json.loads(raw)
+                    if not (isinstance(line, dict) and "t" in line and "task" in line):
+                        raise ValueError("not a journal line")
+                except ValueError:  # a line torn by the kill: what it said is lost
+                    if raw.endswith(b"\n"):
+                        log.warning("%s:%d: not a journal line, skipped", self.path, n)
+                    continue
+                lines.append(line)
+        return lines
+
+
+class EpisodeJournal:
+    """What one episode writes to its run's journal; it remembers how much of the ledger
+    earlier lines hold, so each line carries only what is new."""
+
+    def __init__(self, journal: Journal, task: str, trajectory_id: str) -> None:
+        self.journal, self.task, self.trajectory_id = journal, task, trajectory_id
+        self.turns_written = 0
+        self.lengths: list[int] = []  # each segment's response length the journal holds
+        self.stopped = False  # a write failed: later lines would not follow from the file
+
+    def _write(self, **fields: Any) -> None:
+        """One line; a write that fails (a full disk) stops this episode's journal, so a
+        resume finds it as it was before, never with a line missing: the episode goes on
+        and only its resumability is lost."""
+        if self.stopped:
+            return
+        try:
+            self.journal.write({"task": self.task, "t": self.trajectory_id, **fields})
+        except OSError as e:
+            self.stopped = True
+            log.warning(
+                "%s: journal %s: %s (a kill now restarts it)",
+                self.trajectory_id,
+                self.journal.path,
+                e,
+            )
+
+    def opened(self, instance: str, sample: int, scheduled_step: int, env: EnvInfo) -> None:
+        self._write(
+            open={
+                "instance": instance,
+                "sample": sample,
+                "scheduled_step": scheduled_step,
+                "env": env.model_dump(mode="json"),
+            }
+        )
+
+    def reached(self, n: int, turns: list[Turn], segments: list[ChatSegment]) -> None:
+        """The state after `n` turns, as its snapshot starts: the turns and tokens new
+        since the last line."""
+        ledger = []
+        for k, seg in enumerate(segments):
+            start = self.lengths[k] if k < len(self.lengths) else 0
+            if k < len(self.lengths) and start == len(seg.response_ids):
+                continue
+            part: dict[str, Any] = {"k": k, "from": start}
+            if k >= len(self.lengths):
+                part |= {"reason": seg.reason, "prompt_ids": seg.prompt_ids}
+            part |= {
+                "response_ids": seg.response_ids[start:],
+                "loss_mask": seg.loss_mask[start:],
+                "logprobs": seg.logprobs[start:],
+                "versions": seg.versions[start:],
+            }
+            ledger.append(part)
+        self.lengths = [len(s.response_ids) for s in segments]
+        new = [t.model_dump(mode="json") for t in turns[self.turns_written : n]]
+        self.turns_written = n
+        self._write(reached=n, turns=new, ledger=ledger, lengths=self.lengths)
+
+    def landed(self, n: int, snapshot_id: str) -> None:
+        self._write(landed=n, snapshot=snapshot_id)
+
+    def ended(self, n: int, stop: StopReason) -> None:
+        if stop in ENDED:
+            self._write(ended=n, stop=stop.value)
+
+    def resumed(self, n: int, lengths: list[int]) -> None:
+        """A new process goes on from state `n`, whose segments had `lengths`."""
+        self.turns_written, self.lengths = n, list(lengths)
+        self._write(resumed=n)
+
+
+@dataclass
+class _State:
+    """One episode's lines, read in order."""
+
+    open: dict[str, Any]
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    reached: dict[int, list[int]] = field(default_factory=dict)  # n -> segment lengths
+    landed: dict[int, str] = field(default_factory=dict)
+    ended: tuple[int, str] | None = None
+    resumed_at: list[int] = field(default_factory=list)
+
+    def read(self, line: dict[str, Any]) -> None:
+        if "reached" in line:
+            n = line["reached"]
+            self.turns = self.turns[: n - len(line["turns"])] + line["turns"]
+            for part in line["ledger"]:
+                k = part["k"]
+                if k == len(self.segments):
+                    self.segments.append(
+                        {"reason": part["reason"], "prompt_ids": part["prompt_ids"]}
+                        | {name: [] for name in _TOKENS}
+                    )
+                seg = self.segments[k]
+                for name in _TOKENS:
+                    seg[name] = seg[name][: part["from"]] + part[name]
+            self.reached[n] = line["lengths"]
+        elif "landed" in line:
+            self.landed[line["landed"]] = line["snapshot"]
+        elif "ended" in line:
+            self.ended = (line["ended"], line["stop"])
+        elif "resumed" in line:  # what was written after state n before the kill is void
+            n = line["resumed"]
+            lengths = self.reached[n]
+            self.turns = self.turns[:n]
+            self.segments = self.segments[: len(lengths)]
+            for seg, length in zip(self.segments, lengths, strict=True):
+                for name in _TOKENS:
+                    seg[name] = seg[name][:length]
+            self.reached = {k: v for k, v in self.reached.items() if k <= n}
+            self.landed = {k: v for k, v in self.landed.items() if k <= n}
+            self.ended = None
+            self.resumed_at = [k for k in self.resumed_at if k <= n] + [n]
+
+    def in_flight(self, task: str, trajectory_id: str) -> InFlight | None:
+        points = [n for n in self.reached if n in self.landed and n <= len(self.turns)]
+        if not points:
+            return None
+        n = max(points)
+        lengths = self.reached[n]
+        ledgers = [
+            Segment(
+                reason=seg["reason"],
+                prompt_ids=seg["prompt_ids"],
+                response_ids=seg["response_ids"][:length],
+                loss_mask=seg["loss_mask"][:length],
+                logprobs=seg["logprobs"][:length],
+                token_versions=seg["versions"][:length],
+            )
+            for seg, length in zip(self.segments, lengths, strict=False)
+        ]
+        turns = [Turn.model_validate(t) for t in self.turns[:n]]
+        for done, snapshot_id in self.landed.items():
+            if 0 < done <= n:
+                turns[done - 1].snapshot_id = snapshot_id
+        env = EnvInfo.model_validate(self.open["env"])
+        env.init_snapshot = self.landed.get(0)
+        first, *rest = ledgers
+        partial = Trajectory(
+            trajectory_id=trajectory_id,
+            group_id=self.open["instance"],
+            task=task,
+            prompt_ids=first.prompt_ids,
+            response_ids=first.response_ids,
+            loss_mask=first.loss_mask,
+            logprobs=first.logprobs,
+            token_versions=first.token_versions,
+            segments=rest,
+            stop_reason=StopReason.aborted,  # not a record: what the episode goes on from
+            turns=turns,
+            scheduled_step=self.open["scheduled_step"],
+            env=env,
+            resumed_at=self.resumed_at,
+        )
+        ended = None
+        if self.ended is not None and self.ended[0] == n:
+            ended = StopReason(self.ended[1])
+        return InFlight(
+            partial=partial,
+            turns=n,
+            snapshot=self.landed[n],
+            sample=self.open["sample"],
+            made=[sid for done, sid in sorted(self.landed.items()) if done <= n],
+            ended=ended,
+        )
+
+
+_TOKENS = ("response_ids", "loss_mask", "logprobs", "versions")

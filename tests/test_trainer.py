@@ -172,6 +172,12 @@ def _check_a_whole_run(out: Path, config: Path, steps: int) -> list[dict[str, An
     assert sorted({(t.scheduled_step, t.consumed_step) for t in trajs}) == [
         (s, s) for s in range(steps)
     ]
+    # Each step samples with what the step before published (the first: version 1); a
+    # resumed run republishes its checkpoint's weights under their version.
+    published = [1] + [r["policy_version"] for r in train]
+    for t in trajs:
+        sampled = {v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m}
+        assert sampled <= {published[t.scheduled_step]}, (t.trajectory_id, sampled)
     assert (out / "reward.png").stat().st_size > 0
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))  # dev installs it
     summary = json.loads((out / "summary.json").read_text())
@@ -215,6 +221,59 @@ def test_a_run_killed_while_checkpointing_resumes_with_the_identical_data_order(
     assert proc.returncode == 0, output[-3000:]
     _check_a_whole_run(out, tiny_config, steps=2)
     assert [p.name for p in root.iterdir()] == ["step-000002"]  # keep: 1, no torn folder
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_rollout_keeps_the_step_it_was_in(
+    tmp_path: Path, tiny_config: Path
+) -> None:
+    """SIGKILL while step 2's episodes are out, some back and some in flight: the resumed
+    run takes the step's finished episodes as they were and goes on with those in flight
+    from their last snapshot (`snapshots: every 1`), sampled by the same weights (the
+    learner's logprobs match), and the run reads as one uninterrupted run."""
+    task = tiny_config.parent / "task.yaml"
+    text = task.read_text().replace("max_turns: 1", "max_turns: 3")
+    task.write_text(text.replace("context_length: 256", "context_length: 512"))
+    tiny_config.write_text(tiny_config.read_text() + "snapshots: {every: 1}\n")
+    out = tmp_path / "run"
+    journal = out / "inflight.jsonl"
+
+    def step_2(kind: str) -> list[dict[str, Any]]:
+        lines = [json.loads(x) for x in journal.read_bytes().splitlines() if x.endswith(b"}")]
+        return [
+            x
+            for x in lines
+            if kind in x and (x.get("open") or x.get("done", {})).get("scheduled_step") == 1
+        ]
+
+    proc = _train(tiny_config, out, "--steps", "2")
+    deadline = time.monotonic() + 600
+    while not (journal.is_file() and len(step_2("done")) >= 2):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    done_before = {x["t"]: x["done"] for x in step_2("done")}
+    opened = {x["t"] for x in step_2("open")} - set(done_before)
+    assert opened, "nothing was in flight at the kill"
+
+    proc = _train(tiny_config, out, "--steps", "2", "--resume")
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, output[-3000:]
+    _check_a_whole_run(out, tiny_config, steps=2)
+    step2 = {
+        t.trajectory_id: t
+        for t in TrajectoryStore(out / "trajectories.jsonl")
+        if t.scheduled_step == 1
+    }
+    for tid, before in done_before.items():  # back before the kill: taken as they were
+        kept = json.loads(step2[tid].to_json())
+        assert {k: v for k, v in kept.items() if k not in ("consumed_step", "grade_file")} == {
+            k: v for k, v in before.items() if k not in ("consumed_step", "grade_file")
+        }
+    assert any(step2[tid].resumed_at for tid in opened)  # in flight: went on
+    assert not journal.exists() or not step_2("open")  # the checkpoint holds the step
 
 
 def test_an_existing_run_is_not_overwritten_by_accident(tmp_path: Path) -> None:

@@ -243,8 +243,10 @@ class TrainerBackend(Protocol):
         """Restore everything saved at `path`; returns the `extra` given to save."""
         ...
 
-    def publish(self, sampler: WeightSink | None) -> int:
-        """Hand the current weights to `sampler`; returns its new policy version (+1)."""
+    def publish(self, sampler: WeightSink | None, version: int | None = None) -> int:
+        """Hand the current weights to `sampler` under `version` (None: its next, +1; a
+        resumed run republishes its checkpoint's weights under the version they had);
+        returns the version."""
         ...
 
     def close(self) -> None: ...

@@ -274,7 +274,7 @@ class FSDPBackend:
         extra: dict[str, Any] = meta["extra"]
         return extra
 
-    def publish(self, sampler: WeightSink | None) -> int:
+    def publish(self, sampler: WeightSink | None, version: int | None = None) -> int:
         """Gather full weights on rank 0 and hand them to its sampler; returns the new version.
 
         Ranks other than 0 may pass None: only rank 0 holds the full weights. With lora,
@@ -288,14 +288,14 @@ class FSDPBackend:
         state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
         if self.config.lora is not None and self.rank == 0:
             state = lora.merged_state_dict(state, self.config.lora)
-        version = [0]
+        published = [0]
         if self.rank == 0:
             if sampler is None:
                 raise ConfigError("publish on rank 0 needs a sampler to receive the weights")
-            version[0] = sampler.policy_version + 1
-            sampler.update_weights(state, version[0])
-        dist.broadcast_object_list(version, src=0)
-        return int(version[0])
+            published[0] = sampler.policy_version + 1 if version is None else version
+            sampler.update_weights(state, published[0])
+        dist.broadcast_object_list(published, src=0)
+        return int(published[0])
 
     def close(self) -> None:
         """Release the process group if this process created it; safe to call twice."""

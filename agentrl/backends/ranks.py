@@ -70,9 +70,9 @@ class Leader:
     def train_step(self, samples: Sequence[Sample], loss: LossConfig) -> dict[str, float]:
         return self.forward_backward(samples, loss) | self.optim_step()
 
-    def publish(self, sampler: WeightSink | None) -> int:
-        self._tell("publish", None)  # only rank 0 holds a sampler
-        return self.backend.publish(sampler)
+    def publish(self, sampler: WeightSink | None, version: int | None = None) -> int:
+        self._tell("publish", None)  # only rank 0 holds a sampler (its version is broadcast)
+        return self.backend.publish(sampler, version)
 
     def save_checkpoint(
         self, root: Path, extra: dict[str, Any], *, step: int | None = None

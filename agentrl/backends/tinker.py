@@ -239,7 +239,7 @@ class TinkerBackend:
         metrics = fb_metrics(samples, loss, self._wait(fb, "forward_backward"))
         return metrics | self._optim_metrics(self._wait(optim, "optim_step"), lr)
 
-    def publish(self, sampler: WeightSink | None) -> int:
+    def publish(self, sampler: WeightSink | None, version: int | None = None) -> int:
         """Snapshot the weights into a new sampling client and hand it to `sampler`."""
         from agentrl.inference.tinker import TinkerSampler
 
@@ -252,7 +252,7 @@ class TinkerBackend:
         client = self._wait(
             self.client.save_weights_and_get_sampling_client(), "publish the weights"
         )
-        version = sampler.policy_version + 1
+        version = sampler.policy_version + 1 if version is None else version
         sampler.swap(client, version)
         return version
 

@@ -123,6 +123,7 @@ class Episode:
         self.journal: EpisodeJournal | None = None  # the run's journal, for a resume
         self.resumed_at: list[int] = []  # where a killed run's episode went on
         self._resumed_lengths: list[int] | None = None  # its ledger's lengths there
+        self.recorded: Trajectory | None = None  # it had finished before a kill: as it was
         # A harness brings its own tools and conversation: `chat` is then only the task's
         # text (the player's ledger keeps what the harness sent and was sampled).
         self.tools = env.tools() if self.player.task_tools else {}
@@ -229,6 +230,22 @@ class Episode:
         ep.stop = found.ended  # RUN had ended: EVAL is what is left
         return ep
 
+    @classmethod
+    def finished_before(
+        cls,
+        task: Task,
+        instance: Instance,
+        traj: Trajectory,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        env: EpisodeEnv,
+    ) -> Episode:
+        """An episode that had finished before its run was killed (a training step's, in
+        the journal): no stage runs, and its result is `traj` as it was."""
+        ep = cls(task, instance, 0, sampler, tokenizer, env, scheduled_step=traj.scheduled_step)
+        ep.trajectory_id, ep.recorded, ep.stop = traj.trajectory_id, traj, traj.stop_reason
+        return ep
+
     @property
     def first_turn(self) -> int:
         """Turns before this one are inherited (a continuation's prefix)."""
@@ -286,6 +303,8 @@ class Episode:
 
     async def init(self, *, timeout: float | None = None, attempts: int = 1) -> None:
         """Start and set up the sandbox; infrastructure errors retried `attempts` times."""
+        if self.recorded is not None:
+            return
         with self.boundary("init", timeout):
             # A fresh episode's first prompt only: a continuation's chat is its parent's
             # before turn t, which the context policy trims before t is sampled.
@@ -440,6 +459,8 @@ class Episode:
         """The validated trajectory of whatever the stages did; one that breaks the ledger
         is a bug, reported as an aborted trajectory (data, not a crash), as is an episode
         no stage ended."""
+        if self.recorded is not None:
+            return self.recorded
         with self.boundary("record"):
             if self.stop is None:
                 raise RuntimeError("no stage ended this episode (result before run)")

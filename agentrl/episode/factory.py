@@ -83,10 +83,16 @@ class Episodes:
                     f"{task.spec.name} get no replay points and no branches"
                 )
             snapshots, branching = snapshots.model_copy(update={"every": 0}), 0
-        journal = None
+        journal, found = None, self._found(task, f"{instance.id}_{sample}")
+        if found is not None and found.final is not None:  # it had finished: as it was
+            return Episode.finished_before(
+                task, instance, found.final, self.sampler, self.tokenizer, env
+            )
         if self.journal is not None and snapshots.every and player.task_tools:
             journal = self.journal.episode(task.spec.name, f"{instance.id}_{sample}")
-            if (resumed := self._resumed(task, instance, snapshots, journal)) is not None:
+            if found is not None and (
+                resumed := self._resumed(task, instance, found, snapshots, journal)
+            ):
                 return resumed
         episode = Episode(
             task,
@@ -103,16 +109,23 @@ class Episodes:
         episode.journal = journal
         return episode
 
-    def _resumed(
-        self, task: Task, instance: Instance, snapshots: SnapshotPolicy, journal: EpisodeJournal
-    ) -> Episode | None:
-        """The episode the journal holds in flight, going on; None: it starts afresh."""
-        assert self.journal is not None
+    def _found(self, task: Task, trajectory_id: str) -> InFlight | None:
+        """What the run's journal holds of this episode (once: it is made once)."""
+        if self.journal is None:
+            return None
         if self._in_flight is None:
             self._in_flight = self.journal.in_flight()
-        found = self._in_flight.pop((task.spec.name, journal.trajectory_id), None)
-        if found is None:
-            return None
+        return self._in_flight.pop((task.spec.name, trajectory_id), None)
+
+    def _resumed(
+        self,
+        task: Task,
+        instance: Instance,
+        found: InFlight,
+        snapshots: SnapshotPolicy,
+        journal: EpisodeJournal,
+    ) -> Episode | None:
+        """The episode the journal holds in flight, going on; None: it starts afresh."""
         try:
             episode = Episode.resumed(
                 task,

@@ -11,6 +11,7 @@ JSONL file, each line written whole and fsynced) as it goes:
   landed   as that commit lands: the snapshot's id
   ended    RUN is over (finished, max_turns): EVAL is all that is left
   resumed  a later process went on from state n: what earlier lines said after n is void
+  done     (training) the episode's trajectory, as the rollout got it, with its evidence
 
 A killed process (`kill -9`, the machine losing power) leaves every line written before
 the kill; a line torn by it is skipped. The next run over the same folder reads, for
@@ -21,6 +22,13 @@ tokens, and only the turns after it sampled again. So a kill loses at most the t
 since the last snapshot (with `every: 1`, the turn in progress), and the trajectory is
 the one an uninterrupted run records, with the resume points in `resumed_at`. An episode
 whose RUN had ended at its last snapshot is graded without sampling anything.
+
+A training step keeps its finished episodes here too until a checkpoint holds the step
+(`agentrl run` and `eval` keep theirs in their trajectory file): its rerun takes them as
+they were. Going on with the episodes in flight while running the finished ones again
+would favour long episodes (those still running at the kill keep what they had, the
+short ones are drawn anew), so a step resumes whole or not at all. With `version`, the
+journal offers only episodes whose every sampled token came from that policy version.
 """
 
 from __future__ import annotations
@@ -53,19 +61,21 @@ class InFlight:
 
     partial: Trajectory
     turns: int
-    snapshot: str
+    snapshot: str | None
     sample: int
     made: list[str]
     """Every snapshot the episode made up to `turns` (its retention removes them)."""
     ended: StopReason | None
     """RUN had ended there: EVAL is all that is left."""
+    final: Trajectory | None = None
+    """The episode had finished (a training step's): its trajectory, as recorded."""
 
 
 class Journal:
     """One run's journal (`path`), shared by its episodes."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, version: int | None = None) -> None:
+        self.path, self.version = path, version
 
     def episode(self, task: str, trajectory_id: str) -> EpisodeJournal:
         """The writer of one episode's lines."""
@@ -86,17 +96,56 @@ class Journal:
         """(task, trajectory id) -> where each journaled episode can go on from; those
         with no landed snapshot are not here (they start again)."""
         states: dict[tuple[str, str], _State] = {}
+        done: dict[tuple[str, str], InFlight] = {}
         for line in self._lines():
             key = (line["task"], line["t"])
             if "open" in line:
                 states[key] = _State(line["open"])
+            elif "done" in line:
+                done[key] = _finished(line)
             elif (state := states.get(key)) is not None:
                 state.read(line)
         out = {}
         for key, state in states.items():
             if (found := state.in_flight(*key)) is not None:
                 out[key] = found
-        return out
+        out |= done
+        return {k: v for k, v in out.items() if self._sampled_by_version(v)}
+
+    def _sampled_by_version(self, found: InFlight) -> bool:
+        traj = found.final or found.partial
+        if self.version is None:
+            return True
+        return all(
+            v == self.version
+            for ledger in traj.ledgers()
+            for v, m in zip(ledger.token_versions, ledger.loss_mask, strict=True)
+            if m
+        )
+
+    def finished(self, traj: Trajectory) -> None:
+        """A training step's episode is back: kept until a checkpoint holds its step."""
+        evidence = traj._grade.model_dump(mode="json") if traj._grade is not None else None
+        self.write(
+            {
+                "task": traj.task,
+                "t": traj.trajectory_id,
+                "done": json.loads(traj.to_json()),
+                "evidence": evidence,
+            }
+        )
+
+    def drop_steps_before(self, step: int) -> None:
+        """Forget the episodes scheduled before `step` (a checkpoint holds them)."""
+        lines = self._lines()
+        steps = {}
+        for line in lines:
+            key = (line["task"], line["t"])
+            if "open" in line:
+                steps[key] = line["open"]["scheduled_step"]
+            elif "done" in line:
+                steps[key] = line["done"]["scheduled_step"]
+        self.drop({key for key, s in steps.items() if s < step})
 
     def drop(self, keys: Container[tuple[str, str]]) -> None:
         """Rewrite the journal (atomically) without the lines of the episodes `keys`
@@ -305,3 +354,20 @@ class _State:
 
 
 _TOKENS = ("response_ids", "loss_mask", "logprobs", "versions")
+
+
+def _finished(line: dict[str, Any]) -> InFlight:
+    from agentrl.tasks.evidence import Evidence
+
+    traj = Trajectory.model_validate(line["done"])
+    if line.get("evidence") is not None:
+        traj = traj.with_grade(Evidence.model_validate(line["evidence"]))
+    return InFlight(
+        partial=traj,
+        turns=len(traj.turns),
+        snapshot=None,
+        sample=-1,
+        made=[],
+        ended=None,
+        final=traj,
+    )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl import atomic
 from agentrl.batch import batch_stats
+from agentrl.episode.journal import JOURNAL
 from agentrl.evaluation import EvalSpec, Evaluation
 from agentrl.train.asynchronous import async_steps
 from agentrl.train.plots import plot_async, plot_reward, tensorboard
@@ -43,6 +44,7 @@ RUN_FILES = (
     "reward.png",
     "admission.jsonl",
     "async.png",
+    JOURNAL,
 )
 RUN_FOLDERS = ("checkpoints", "eval", "tensorboard")
 
@@ -56,7 +58,9 @@ async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
     """Train `run` to `schedule.steps`; returns the summary it wrote."""
     cfg, sched = run.config, run.config.schedule
     resumed = await _resume_or_start(run, resume)
-    await run.learner.call(run.backend.publish, run.sampler)  # it samples the learner's weights
+    # It samples the learner's weights; a resumed run's under the version they had, so the
+    # token versions of a run read the same whatever kills it met.
+    await run.learner.call(run.backend.publish, run.sampler, resumed.get("policy_version"))
     board = run.metrics.board = tensorboard(run.out / "tensorboard")
     start = int(resumed.get("step", 0))
     started = time.monotonic()
@@ -137,9 +141,17 @@ def checkpoint(run: TrainRun, done: int, extra: dict[str, Any]) -> None:
     # What was written up to now: a resume drops what comes after.
     written = {"metrics_lines": run.metrics.lines, "trajectories": run.stored}
     # `model` names the base the weights belong to (agentrl eval --policy exports them).
-    meta = {"step": done, "seed": run.config.seed, "model": run.config.model, **written, **extra}
+    meta = {
+        "step": done,
+        "seed": run.config.seed,
+        "model": run.config.model,
+        "policy_version": run.sampler.policy_version,
+        **written,
+        **extra,
+    }
     path = run.backend.save_checkpoint(root, meta, step=done)
     log.info("checkpoint %s", path)
+    run.journal.drop_steps_before(done)  # the checkpoint holds them
     complete = sorted(p for p in root.glob("step-*") if ".tmp" not in p.name)
     for old in complete[: -run.config.checkpoint.keep]:
         shutil.rmtree(old, ignore_errors=True)

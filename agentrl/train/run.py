@@ -17,6 +17,7 @@ from agentrl.backends.base import samples_from
 from agentrl.dispatch.core import Feed
 from agentrl.dispatch.stream import stream_episodes
 from agentrl.episode import Episode, Episodes
+from agentrl.episode.journal import JOURNAL, Journal
 from agentrl.inference.base import Replicated
 from agentrl.train.admission import Group
 from agentrl.train.branches import Branches, branch_metrics, collect_group
@@ -78,10 +79,27 @@ class TrainRun:
         cfg = self.config.algorithm.advantage.branch
         return None if cfg is None else Branches(self, cfg, sampler)
 
-    def factory(self, sampler: Sampler) -> Episodes:
-        """How this run's episodes are made, by `sampler`."""
+    @property
+    def journal(self) -> Journal:
+        """The journal of the training step in flight (`agentrl.episode.journal`): its
+        episodes' replay points and those back, until a checkpoint holds the step."""
+        return Journal(self.out / JOURNAL, version=self.sampler.policy_version)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether every training episode has replay points (a snapshot policy with a
+        cadence, sandboxes that can snapshot)."""
+        return all(
+            (self.config.snapshots or task.spec.snapshots).every and env.can_snapshot
+            for task, env in zip(self.tasks, self.envs, strict=True)
+        )
+
+    def factory(self, sampler: Sampler, *, resumable: bool = False) -> Episodes:
+        """How this run's episodes are made, by `sampler`; `resumable`: a training step's,
+        which go on from the journal after a kill."""
         envs = {task.spec.name: env for task, env in zip(self.tasks, self.envs, strict=True)}
-        return Episodes(sampler, self.tokenizer, envs, self.config.snapshots)
+        journal = self.journal if resumable else None
+        return Episodes(sampler, self.tokenizer, envs, self.config.snapshots, journal)
 
     def make_episodes(
         self,
@@ -92,14 +110,16 @@ class TrainRun:
         first_sample: int = 0,
         scheduled_step: int = 0,
         branches: Branches | None = None,
+        resumable: bool = False,
     ) -> list[Episode]:
         """`samples` episodes of each prompt (a group), numbered from `first_sample`: a
         trajectory id is `<instance>_<sample>`, so numbering from the step's or the group's
         offset keeps ids unique across the run. With `branches`, training episodes the
         branch estimator will branch from: they commit what it needs and hold their
-        snapshots until it reclaims them."""
+        snapshots until it reclaims them. `resumable`: a training step's episodes, which a
+        run killed mid-step takes from its journal (`rollout_groups(resumable=True)`)."""
         branching = branches.cfg.snapshot_every() if branches is not None else 0
-        factory = self.factory(sampler)
+        factory = self.factory(sampler, resumable=resumable)
         episodes = [
             factory.fresh(
                 self.tasks[p.task],
@@ -134,11 +154,19 @@ class TrainRun:
         return out
 
     async def rollout_groups(
-        self, episodes: list[Episode], n: int, what: str, branches: Branches | None
+        self,
+        episodes: list[Episode],
+        n: int,
+        what: str,
+        branches: Branches | None,
+        *,
+        resumable: bool = False,
     ) -> list[Trajectory]:
         """Every `n` consecutive episodes are a group; with `branches`, each group's
         continuations join the same dispatcher run once its episodes are back, and its
-        snapshots are reclaimed after. Returns the groups' trajectories, group by group."""
+        snapshots are reclaimed after. Returns the groups' trajectories, group by group.
+        `resumable`: each is journaled as it is back, so a rerun after a kill takes it."""
+        journal = self.journal if resumable else None
         if not episodes:
             return []
         feed, groups, done = Feed(), {}, []
@@ -151,6 +179,8 @@ class TrainRun:
                 feed.put(ep)
 
         def returned(traj: Trajectory) -> None:
+            if journal is not None:
+                journal.finished(traj)
             if (group := collect_group(traj, groups, feed, branches)) is not None:
                 done.append(group)
                 if len(done) == len(starts):

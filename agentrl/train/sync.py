@@ -28,6 +28,11 @@ async def sync_steps(
     B, n = sched.prompts_per_step, sched.n_samples_per_prompt
     meter = MeteredSampler(run.sampler)
     branches = run.branches(meter)
+    # A step killed mid-rollout goes on (agentrl.episode.journal) where its episodes have
+    # replay points: keeping the finished ones while running those in flight again from
+    # INIT would favour short episodes. Not yet with branch credit, whose continuations
+    # hold their parents' snapshots.
+    resumable = branches is None and run.replayable
     for step in range(start, sched.steps):
         prompts = [run.train[i] for i in data_order(len(run.train), run.config.seed, step * B, B)]
         # first_sample: unique trajectory ids across the run
@@ -38,9 +43,12 @@ async def sync_steps(
             first_sample=step * n,
             scheduled_step=step,
             branches=branches,
+            resumable=resumable,
         )
         t0, idle = time.monotonic(), meter.idle_s()
-        trajs = await run.rollout_groups(episodes, n, f"step {step + 1} rollout", branches)
+        trajs = await run.rollout_groups(
+            episodes, n, f"step {step + 1} rollout", branches, resumable=resumable
+        )
         t1 = time.monotonic()
         trajs = [t.model_copy(update={"consumed_step": step}) for t in trajs]
         for t in trajs:

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out: keep its episodes, run only the missing ones",
+        help="continue the run in --out: keep its episodes, run only the missing ones "
+        "(those a kill left in flight go on from their last snapshot)",
     )
     again.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     r.add_argument(

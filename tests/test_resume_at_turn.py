@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from agentrl.run_info import read_run_info
 from agentrl.trajectory import Trajectory, TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
+
+ROOT = Path(__file__).parents[1]
 
 TURNS = 5
 TASK = f"""\
@@ -246,3 +249,54 @@ def test_killed_at_any_moment_it_loses_at_most_the_turn_in_progress(
     # image per episode in flight is left (`agentrl gc --snapshots` does not see it: the
     # resumed run is kept). Every recorded one went with the success.
     assert len(labelled_images(run_id)) <= 1
+
+
+# The trail task (tasks/train/trail): each note names the next key, and its context drops
+# the oldest turns, so an episode has several segments. One reply walks it whatever turn
+# it is played at (the scripted policy's replies restart after a kill): it reads the key
+# from the note the previous turn saved, or creates the file the last note names.
+TRAIL_STEP = (
+    '```bash\nset -- $(cat /tmp/note 2>/dev/null); if [ "$2" = touch ]; then touch "$3"; '
+    "echo made; else clue ${3:-start} > /tmp/next; mv /tmp/next /tmp/note; cat /tmp/note; fi\n```\n"
+)
+
+
+def trail_variant(tmp_path: Path) -> tuple[Path, Path]:
+    """The shipped trail task with room for the walking reply and a replay point per turn."""
+    folder = tmp_path / "trail"
+    shutil.copytree(ROOT / "tasks" / "train" / "trail", folder)
+    task = folder / "task.yaml"
+    text = task.read_text()
+    for old, new in [
+        ("  max_turns: 10\n", "  max_turns: 9\n"),
+        ("  max_new_tokens: 24\n", "  max_new_tokens: 96\n"),
+        ("  context_length: 256\n", "  context_length: 560\n"),
+        ("context:\n", "snapshots: {every: 1}\ncontext:\n"),
+    ]:
+        assert old in text
+        text = text.replace(old, new)
+    task.write_text(text)
+    script = folder / "walk.json"
+    script.write_text(json.dumps([TRAIL_STEP] * 12))
+    return task, script
+
+
+@pytest.mark.slow
+def test_a_multi_segment_episode_goes_on_token_exactly(tmp_path: Path) -> None:
+    """Killed after its oldest turns were dropped (a second segment begun), the trail
+    episode goes on from its last snapshot: every segment's prompt and tokens are the
+    uninterrupted episode's, and it still walks the whole trail."""
+    task, script = trail_variant(tmp_path)
+    args = ("--policy", f"scripted:{script}", "--instances", "trail-00")
+    done = agentrl("run", task, *args, "--out", tmp_path / "reference")
+    assert done.returncode == 0, done.stderr
+    reference = only(tmp_path / "reference")
+    assert reference.reward == 1.0 and len(reference.segments) >= 2
+    assert reference.turns[5].segment >= 1  # the 6 turns kept span two segments
+    out = tmp_path / "run"
+    killed_when(cli("run", task, *args, "--out", out), landed(out, 6))
+    again = agentrl("run", task, *args, "--out", out, "--resume")
+    assert again.returncode == 0, again.stderr
+    traj = only(out)
+    assert traj.resumed_at == [6]
+    assert_same_episode(traj, reference)

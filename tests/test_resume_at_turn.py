@@ -162,6 +162,8 @@ def test_a_run_killed_mid_episode_goes_on_from_its_last_snapshot(
         cli("run", task, "--policy", f"scripted:{script}", "--out", out), landed(out, kill_at)
     )
     assert not (out / "trajectories.jsonl").exists() or only_lines(out) == 0
+    with (out / "inflight.jsonl").open("a") as f:  # a line a kill tore mid-write
+        f.write('{"task": "counter", "t": "c0_0", "landed": 4, "snaps')
     run_id = read_run_info(out).run_id
     again = agentrl("run", task, "--policy", f"scripted:{script}", "--out", out, "--resume")
     assert again.returncode == 0, again.stderr

@@ -206,6 +206,7 @@ class Evaluation:
     def record(self, traj: Trajectory) -> None:
         self.store.append(traj)
         self.done.append(Outcome.of(traj))
+        self.journal.closed(traj.task, traj.trajectory_id)  # recorded: out of the journal
 
     def results(self, wanted: Sequence[Attempt], attempts: int) -> Results:
         """Score the recorded attempts that `wanted` names, write results.json."""

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOURNAL = "inflight.jsonl"
+COMPACT_BYTES = 8 * 2**20
+"""Appended past this since the last rewrite, the journal drops the lines of the episodes
+recorded meanwhile (`closed`): it stays about as large as what is in flight."""
 ENDED = (StopReason.finished, StopReason.max_turns)
 """RUN's ends after which nothing is sampled again: a resume at the last turn only grades."""
 
@@ -76,6 +79,8 @@ class Journal:
 
     def __init__(self, path: Path, version: int | None = None) -> None:
         self.path, self.version = path, version
+        self._appended = 0  # bytes written since the last rewrite
+        self._closed: set[tuple[str, str]] = set()  # recorded since then
 
     def episode(self, task: str, trajectory_id: str) -> EpisodeJournal:
         """The writer of one episode's lines."""
@@ -91,6 +96,16 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._appended += len(data)
+
+    def closed(self, task: str, trajectory_id: str) -> None:
+        """The episode's trajectory is recorded where the run keeps it: its lines are
+        dropped at the next rewrite, due once COMPACT_BYTES were appended since the last."""
+        self._closed.add((task, trajectory_id))
+        if self._appended > COMPACT_BYTES:
+            self.drop(self._closed)
+            self._closed.clear()
+            self._appended = 0
 
     def in_flight(self) -> dict[tuple[str, str], InFlight]:
         """(task, trajectory id) -> where each journaled episode can go on from; those

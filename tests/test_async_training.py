@@ -33,6 +33,7 @@ from agentrl.errors import ConfigError
 from agentrl.inference.embedded import load_tokenizer
 from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.tasks.load import load_task
+from agentrl.tasks.spec import SnapshotPolicy
 from agentrl.train import Trainer
 from agentrl.train.admission import Admission, BudgetError, Group, GroupBuffer
 from agentrl.train_config import AsyncSchedule, CheckpointConfig, EvalConfig, TrainConfig
@@ -218,6 +219,7 @@ def train(
     box: list[SimulatedSampler] | None = None,
     checkpoint_every: int = 0,
     mid_reply: bool = False,
+    snapshots: int = 0,
     **schedule: Any,
 ) -> tuple[dict[str, Any], SimulatedSampler]:
     """One async run of the probe task; returns (summary, the sampler it used).
@@ -295,6 +297,7 @@ def train(
         eval=EvalConfig(holdout_every=4, samples=1),
         checkpoint=CheckpointConfig(every=checkpoint_every, keep=1),
         provider="local",
+        snapshots=SnapshotPolicy(every=snapshots) if snapshots else None,
     )
     trainer = Trainer(config, [load_task(TASK)], out, show_progress=False, sampler=sampler)
     return asyncio.run(trainer.run(resume=resume)), sampler
@@ -483,6 +486,48 @@ def test_resume_after_a_crash_mid_epoch_skips_exactly_the_consumed_prompts(
     assert len(ids) == len(set(ids))
     groups: dict[str, set[int | None]] = {}
     for t in trajs:  # every stored group was trained once, or filtered once
+        groups.setdefault(t.group_id, set()).add(t.consumed_step)
+    assert all(len(steps) == 1 for steps in groups.values())
+
+
+def test_with_replay_points_groups_a_crash_left_unconsumed_are_taken_from_the_journal(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """The same crash with `snapshots: every 1`: the groups admitted and not consumed by
+    the checkpoint (back, or still out) are readmitted with their ids; those back come as
+    they were (the step the crash cut short trains on the same episodes), those out go on
+    from their last snapshot; nothing is trained twice and every token's version is one
+    the resumed run has."""
+    kw: dict[str, Any] = dict(steps=6, groups=2, staleness=1, checkpoint_every=1, snapshots=1)
+
+    async def hold(session: str) -> None:  # groups 8 and 9 are still out at the crash
+        await asyncio.sleep(60 if sample_of(session) >= 16 else 0)
+
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(tmp_path, tiny_dir, crash_after=4, hold=hold, **kw)
+    journal = tmp_path / "inflight.jsonl"
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    back = {x["t"]: x["done"] for x in lines if "done" in x}
+    out = {x["t"] for x in lines if "open" in x} - set(back)
+    assert back, "no group was back and unconsumed at the crash"
+    meta = json.loads((tmp_path / "checkpoints" / "step-000003" / "meta.json").read_text())
+    assert meta["extra"]["policy_version"] == 4  # v1 published first, then after steps 1-3
+
+    train(tmp_path, tiny_dir, resume=True, **kw)
+    after = rows(tmp_path)
+    assert [r["step"] for r in after] == [1, 2, 3, 4, 5, 6]
+    trajs = {t.trajectory_id: t for t in TrajectoryStore(tmp_path / "trajectories.jsonl")}
+    assert len(trajs) == len(list(TrajectoryStore(tmp_path / "trajectories.jsonl")))
+    taken = [tid for tid in back if tid in trajs]
+    assert taken, "no episode that was back came from the journal"
+    for tid in taken:  # as they were, bar when and where they were consumed
+        kept = json.loads(trajs[tid].to_json())
+        assert {k: v for k, v in kept.items() if k not in ("consumed_step", "grade_file")} == {
+            k: v for k, v in back[tid].items() if k not in ("consumed_step", "grade_file")
+        }
+    assert out and all(trajs[tid].resumed_at == [0] for tid in out)  # from INIT's snapshot
+    groups: dict[str, set[int | None]] = {}
+    for t in trajs.values():  # every stored group was trained once, or filtered once
         groups.setdefault(t.group_id, set()).add(t.consumed_step)
     assert all(len(steps) == 1 for steps in groups.values())
 

@@ -94,14 +94,21 @@ def test_ended_at_the_last_snapshot_only_grades(tmp_path: Path) -> None:
     assert '"context_limit"' not in j.path.read_text()
 
 
-def test_only_the_policy_version_asked_for_is_offered(tmp_path: Path) -> None:
+def test_only_what_the_checkpoints_versions_sampled_is_offered(tmp_path: Path) -> None:
+    """A resumed run has the weights up to its checkpoint's version: an episode goes on
+    from its newest state those sampled; one a lost later version began runs again."""
     path = tmp_path / "inflight.jsonl"
     w = Journal(path).episode("t", "i_0")
     w.opened("i", 0, 0, EnvInfo())
-    w.reached(1, [turn(0, 0, 1)], [segment([1], [10], [], version=4)])
+    s0 = segment([1], [10], [20], version=4)
+    w.reached(1, [turn(0, 0, 1)], [s0])
     w.landed(1, "s1")
-    assert len(Journal(path, version=4).in_flight()) == 1
-    assert Journal(path, version=5).in_flight() == {}
+    s0.append([11], sampled=True, logprobs=[-1.0], versions=[5])  # after a publication
+    w.reached(2, [turn(0, 0, 1), turn(1, 2, 3)], [s0])
+    w.landed(2, "s2")
+    assert Journal(path, version=5).in_flight()[("t", "i_0")].turns == 2
+    assert Journal(path, version=4).in_flight()[("t", "i_0")].turns == 1
+    assert Journal(path, version=3).in_flight() == {}
 
 
 def test_a_finished_episode_comes_back_as_it_was(tmp_path: Path) -> None:
@@ -114,7 +121,8 @@ def test_a_finished_episode_comes_back_as_it_was(tmp_path: Path) -> None:
     j.finished(traj)
     (found,) = Journal(j.path, version=2).in_flight().values()
     assert found.final == traj
-    j.drop_steps_before(2)  # a checkpoint holds step 1
+    assert found.sample == 3
+    j.drop({("t", "i_3")})  # a checkpoint holds it
     assert j.in_flight() == {}
 
 

@@ -59,7 +59,6 @@ class Episodes:
     snapshots: SnapshotPolicy | None = None
     journal: Journal | None = None
     _said: set[str] = field(default_factory=set, repr=False)
-    _in_flight: dict[tuple[str, str], InFlight] | None = field(default=None, repr=False)
 
     def fresh(
         self,
@@ -113,9 +112,7 @@ class Episodes:
         """What the run's journal holds of this episode (once: it is made once)."""
         if self.journal is None:
             return None
-        if self._in_flight is None:
-            self._in_flight = self.journal.in_flight()
-        return self._in_flight.pop((task.spec.name, trajectory_id), None)
+        return self.journal.take(task.spec.name, trajectory_id)
 
     def _resumed(
         self,

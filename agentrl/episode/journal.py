@@ -27,8 +27,11 @@ A training step keeps its finished episodes here too until a checkpoint holds th
 (`agentrl run` and `eval` keep theirs in their trajectory file): its rerun takes them as
 they were. Going on with the episodes in flight while running the finished ones again
 would favour long episodes (those still running at the kill keep what they had, the
-short ones are drawn anew), so a step resumes whole or not at all. With `version`, the
-journal offers only episodes whose every sampled token came from that policy version.
+short ones are drawn anew), so a step resumes whole or not at all. With `version` (a
+resumed training run's: the checkpoint's), only what versions up to it sampled is
+offered, the weights a resumed run still has: an episode in flight goes on from its
+newest such state, and a finished one sampled in part by a later version (one the kill
+lost) runs again.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class Journal:
 
     def __init__(self, path: Path, version: int | None = None) -> None:
         self.path, self.version = path, version
+        self._found: dict[tuple[str, str], InFlight] | None = None  # read once, then taken
         self._appended = 0  # bytes written since the last rewrite
         self._closed: set[tuple[str, str]] = set()  # recorded since then
 
@@ -122,21 +126,13 @@ class Journal:
                 state.read(line)
         out = {}
         for key, state in states.items():
-            if (found := state.in_flight(*key)) is not None:
+            if (found := state.in_flight(*key, self.version)) is not None:
                 out[key] = found
-        out |= done
-        return {k: v for k, v in out.items() if self._sampled_by_version(v)}
-
-    def _sampled_by_version(self, found: InFlight) -> bool:
-        traj = found.final or found.partial
-        if self.version is None:
-            return True
-        return all(
-            v == self.version
-            for ledger in traj.ledgers()
-            for v, m in zip(ledger.token_versions, ledger.loss_mask, strict=True)
-            if m
-        )
+        for key, found in done.items():
+            assert found.final is not None
+            if self.version is None or _newest_version(found.final.ledgers()) <= self.version:
+                out[key] = found
+        return out
 
     def finished(self, traj: Trajectory) -> None:
         """A training step's episode is back: kept until a checkpoint holds its step."""
@@ -150,17 +146,16 @@ class Journal:
             }
         )
 
-    def drop_steps_before(self, step: int) -> None:
-        """Forget the episodes scheduled before `step` (a checkpoint holds them)."""
-        lines = self._lines()
-        steps = {}
-        for line in lines:
-            key = (line["task"], line["t"])
-            if "open" in line:
-                steps[key] = line["open"]["scheduled_step"]
-            elif "done" in line:
-                steps[key] = line["done"]["scheduled_step"]
-        self.drop({key for key, s in steps.items() if s < step})
+    def pending(self) -> dict[tuple[str, str], InFlight]:
+        """What the journal offers, read once when first asked (a resume reads it whole
+        once; episodes made afterwards are journaled but not offered again)."""
+        if self._found is None:
+            self._found = self.in_flight()
+        return self._found
+
+    def take(self, task: str, trajectory_id: str) -> InFlight | None:
+        """The offer for one episode, once: the episode made from it owns it."""
+        return self.pending().pop((task, trajectory_id), None)
 
     def drop(self, keys: Container[tuple[str, str]]) -> None:
         """Rewrite the journal (atomically) without the lines of the episodes `keys`
@@ -315,23 +310,19 @@ class _State:
             self.ended = None
             self.resumed_at = [k for k in self.resumed_at if k <= n] + [n]
 
-    def in_flight(self, task: str, trajectory_id: str) -> InFlight | None:
+    def in_flight(
+        self, task: str, trajectory_id: str, version: int | None = None
+    ) -> InFlight | None:
+        """The newest state reached and landed (with `version`: sampled by versions up to
+        it only), as an InFlight; None when there is none."""
         points = [n for n in self.reached if n in self.landed and n <= len(self.turns)]
-        if not points:
+        candidates = ((n, self._ledgers(self.reached[n])) for n in sorted(points, reverse=True))
+        found = next(
+            (c for c in candidates if version is None or _newest_version(c[1]) <= version), None
+        )
+        if found is None:
             return None
-        n = max(points)
-        lengths = self.reached[n]
-        ledgers = [
-            Segment(
-                reason=seg["reason"],
-                prompt_ids=seg["prompt_ids"],
-                response_ids=seg["response_ids"][:length],
-                loss_mask=seg["loss_mask"][:length],
-                logprobs=seg["logprobs"][:length],
-                token_versions=seg["versions"][:length],
-            )
-            for seg, length in zip(self.segments, lengths, strict=False)
-        ]
+        n, ledgers = found
         turns = [Turn.model_validate(t) for t in self.turns[:n]]
         for done, snapshot_id in self.landed.items():
             if 0 < done <= n:
@@ -367,6 +358,28 @@ class _State:
             ended=ended,
         )
 
+    def _ledgers(self, lengths: list[int]) -> list[Segment]:
+        """The ledger as it stood where each segment had `lengths`."""
+        return [
+            Segment(
+                reason=seg["reason"],
+                prompt_ids=seg["prompt_ids"],
+                response_ids=seg["response_ids"][:length],
+                loss_mask=seg["loss_mask"][:length],
+                logprobs=seg["logprobs"][:length],
+                token_versions=seg["versions"][:length],
+            )
+            for seg, length in zip(self.segments, lengths, strict=False)
+        ]
+
+
+def _newest_version(ledgers: list[Segment]) -> int:
+    """The newest policy version that sampled a token of `ledgers` (-1: none sampled)."""
+    return max(
+        (v for s in ledgers for v, m in zip(s.token_versions, s.loss_mask, strict=True) if m),
+        default=-1,
+    )
+
 
 _TOKENS = ("response_ids", "loss_mask", "logprobs", "versions")
 
@@ -381,7 +394,7 @@ def _finished(line: dict[str, Any]) -> InFlight:
         partial=traj,
         turns=len(traj.turns),
         snapshot=None,
-        sample=-1,
+        sample=int(traj.trajectory_id.rpartition("_")[2]),
         made=[],
         ended=None,
         final=traj,

@@ -34,6 +34,7 @@ from agentrl.train.records import EpochEndRecord, TrainRecord
 from agentrl.train.sampler import MeteredSampler
 
 if TYPE_CHECKING:
+    from agentrl.train.data import Prompt
     from agentrl.train.run import TrainRun
     from agentrl.train_config import AsyncSchedule
 
@@ -88,34 +89,58 @@ async def async_steps(
     groups: dict[str, Group] = {}  # trajectory id -> its group, until it comes back
     timeline = _Timeline(run.out / "admission.jsonl", buf)
     branches = run.branches(meter)
+    # Groups a kill left unconsumed go on from the journal (agentrl.episode.journal) where
+    # every episode has replay points; not with branch credit (see sync.py).
+    resumable = branches is None and run.replayable
 
     async def produce() -> None:
+        again = await readmit() if resumable else set()
         while True:
-            used = data.trained | data.filtered
+            used = data.trained | data.filtered | again
+            again = set()  # those readmitted belong to the epoch they were admitted in
             for i in epoch_order(len(run.train), run.config.seed, data.epoch):
                 prompt = run.train[i]
-                if prompt.id in used:  # consumed before a resume
+                if prompt.id in used:  # consumed (or readmitted) before a resume
                     continue
                 scheduled = await buf.admit()
                 group = Group(data.next_group, data.epoch, prompt.id, scheduled, n)
                 data.next_group += 1
                 # first_sample: unique trajectory ids across the run
-                episodes = run.make_episodes(
-                    [prompt],
-                    n,
-                    meter,
-                    first_sample=group.index * n,
-                    scheduled_step=scheduled,
-                    branches=branches,
-                )
-                for ep in episodes:
-                    groups[ep.trajectory_id] = group
-                    feed.put(ep)
+                start(group, prompt)
             await buf.end_epoch()  # returns when the trainer has closed the epoch
+
+    def start(group: Group, prompt: Prompt) -> None:
+        episodes = run.make_episodes(
+            [prompt],
+            n,
+            meter,
+            first_sample=group.index * n,
+            scheduled_step=group.scheduled_step,
+            branches=branches,
+            resumable=resumable,
+        )
+        for ep in episodes:
+            groups[ep.trajectory_id] = group
+            feed.put(ep)
+
+    async def readmit() -> set[str]:
+        """The groups the journal holds (admitted before a kill, never consumed), with
+        their indices, prompts and scheduled steps; their prompt ids."""
+        assert run.journal is not None
+        held = _journaled(run, n, data)
+        for index, prompt, scheduled in held:
+            await buf.admit()
+            start(Group(index, data.epoch, prompt.id, scheduled, n), prompt)
+            data.next_group = max(data.next_group, index + 1)
+        if held:
+            log.info("%d groups a kill interrupted go on from the journal", len(held))
+        return {prompt.id for _, prompt, _ in held}
 
     async def collect() -> None:
         async with aclosing(run.config.dispatcher.build().run(feed)) as stream:
             async for traj in stream:
+                if resumable:
+                    run.back(traj)
                 if (group := collect_group(traj, groups, feed, branches)) is None:
                     continue
                 if branches is not None:
@@ -209,6 +234,25 @@ async def async_steps(
         if branches is not None:  # groups in flight at the end: their snapshots go too
             await branches.close()
         timeline.flush()
+
+
+def _journaled(run: TrainRun, n: int, data: DataState) -> list[tuple[int, Prompt, int]]:
+    """(group index, prompt, scheduled step) of each group the run's journal holds whose
+    prompt this epoch has not consumed, in admission order."""
+    assert run.journal is not None
+    by_key = {(run.tasks[p.task].spec.name, p.instance.id): p for p in run.train}
+    held: dict[int, tuple[Prompt, int]] = {}
+    for (task, _), found in run.journal.pending().items():
+        prompt = by_key.get((task, found.partial.group_id))
+        if prompt is not None and prompt.id not in data.trained | data.filtered:
+            held.setdefault(found.sample // n, (prompt, found.partial.scheduled_step))
+    seen: set[str] = set()
+    out = []
+    for index, (prompt, scheduled) in sorted(held.items()):
+        if prompt.id not in seen:  # one group per prompt in an epoch
+            seen.add(prompt.id)
+            out.append((index, prompt, scheduled))
+    return out
 
 
 def _end_epoch(run: TrainRun, data: DataState, step: int, partial: list[Group]) -> None:

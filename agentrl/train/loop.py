@@ -61,6 +61,7 @@ async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
     # It samples the learner's weights; a resumed run's under the version they had, so the
     # token versions of a run read the same whatever kills it met.
     await run.learner.call(run.backend.publish, run.sampler, resumed.get("policy_version"))
+    run.open_journal()
     board = run.metrics.board = tensorboard(run.out / "tensorboard")
     start = int(resumed.get("step", 0))
     started = time.monotonic()
@@ -85,6 +86,9 @@ async def train_loop(run: TrainRun, *, resume: bool) -> Summary:
                         done == sched.steps
                     ):
                         await run.learner.call(checkpoint, run, done, extra)
+                        if run.journal is not None:  # the checkpoint holds what was kept
+                            run.journal.drop(run.kept)
+                        run.kept.clear()
     finally:
         if board is not None:
             board.close()
@@ -151,7 +155,6 @@ def checkpoint(run: TrainRun, done: int, extra: dict[str, Any]) -> None:
     }
     path = run.backend.save_checkpoint(root, meta, step=done)
     log.info("checkpoint %s", path)
-    run.journal.drop_steps_before(done)  # the checkpoint holds them
     complete = sorted(p for p in root.glob("step-*") if ".tmp" not in p.name)
     for old in complete[: -run.config.checkpoint.keep]:
         shutil.rmtree(old, ignore_errors=True)

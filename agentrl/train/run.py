@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,17 +73,19 @@ class TrainRun:
     progress: Progress
     run_id: str  # names its sandboxes (and `agentrl gc` finds them by it)
     stored: int = 0  # trajectories written (a checkpoint records it)
+    journal: Journal | None = None  # its episodes in flight (set once the weights are out)
+    kept: set[tuple[str, str]] = field(default_factory=set)  # stored since the checkpoint
 
     def branches(self, sampler: Sampler) -> Branches | None:
         """The planner of continuations when the estimator is branch (else None)."""
         cfg = self.config.algorithm.advantage.branch
         return None if cfg is None else Branches(self, cfg, sampler)
 
-    @property
-    def journal(self) -> Journal:
-        """The journal of the training step in flight (`agentrl.episode.journal`): its
-        episodes' replay points and those back, until a checkpoint holds the step."""
-        return Journal(self.out / JOURNAL, version=self.sampler.policy_version)
+    def open_journal(self) -> None:
+        """The journal of the training episodes in flight (`agentrl.episode.journal`):
+        their replay points, and those back until a checkpoint holds them. Opened once the
+        weights are published: a resumed run takes what its checkpoint's versions sampled."""
+        self.journal = Journal(self.out / JOURNAL, version=self.sampler.policy_version)
 
     @property
     def replayable(self) -> bool:
@@ -98,7 +100,7 @@ class TrainRun:
         """How this run's episodes are made, by `sampler`; `resumable`: a training step's,
         which go on from the journal after a kill."""
         envs = {task.spec.name: env for task, env in zip(self.tasks, self.envs, strict=True)}
-        journal = self.journal if resumable else None
+        journal = self.journal if resumable and self.replayable else None
         return Episodes(sampler, self.tokenizer, envs, self.config.snapshots, journal)
 
     def make_episodes(
@@ -166,7 +168,6 @@ class TrainRun:
         continuations join the same dispatcher run once its episodes are back, and its
         snapshots are reclaimed after. Returns the groups' trajectories, group by group.
         `resumable`: each is journaled as it is back, so a rerun after a kill takes it."""
-        journal = self.journal if resumable else None
         if not episodes:
             return []
         feed, groups, done = Feed(), {}, []
@@ -179,8 +180,8 @@ class TrainRun:
                 feed.put(ep)
 
         def returned(traj: Trajectory) -> None:
-            if journal is not None:
-                journal.finished(traj)
+            if resumable:
+                self.back(traj)
             if (group := collect_group(traj, groups, feed, branches)) is not None:
                 done.append(group)
                 if len(done) == len(starts):
@@ -195,10 +196,17 @@ class TrainRun:
         trajs = [t for group in done for t in group.trajectories]
         return trajs if branches is None else await branches.reclaim(trajs)
 
+    def back(self, trajectory: Trajectory) -> None:
+        """A training episode is back: journaled until a checkpoint holds it, so a run
+        killed before then takes it as it was (where every episode has replay points)."""
+        if self.journal is not None and self.replayable:
+            self.journal.finished(trajectory)
+
     def keep(self, trajectory: Trajectory) -> None:
         """Append to trajectories.jsonl."""
         self.store.append(trajectory)
         self.stored += 1
+        self.kept.add((trajectory.task, trajectory.trajectory_id))
 
     async def learn(self, trajs: list[Trajectory]) -> dict[str, Any]:
         """Advantages, one optimizer step over `trajs` and the publication, on the learner

@@ -29,10 +29,10 @@ async def sync_steps(
     meter = MeteredSampler(run.sampler)
     branches = run.branches(meter)
     # A step killed mid-rollout goes on (agentrl.episode.journal) where its episodes have
-    # replay points: keeping the finished ones while running those in flight again from
-    # INIT would favour short episodes. Not yet with branch credit, whose continuations
-    # hold their parents' snapshots.
-    resumable = branches is None and run.replayable
+    # replay points (TrainRun.replayable: keeping the finished ones while running those in
+    # flight again from INIT would favour short episodes). Not yet with branch credit,
+    # whose continuations hold their parents' snapshots.
+    resumable = branches is None
     for step in range(start, sched.steps):
         prompts = [run.train[i] for i in data_order(len(run.train), run.config.seed, step * B, B)]
         # first_sample: unique trajectory ids across the run

@@ -22,7 +22,8 @@ Two phases, both on the real Docker engine:
    sleeps `--train-step-s`, and publishes a new version to the sampler (the engine pauses
    with requests kept, `--transfer-s`). Episodes run through the pipeline dispatcher
    (`--slots` generation slots, `--sandboxes` live sandboxes) with replay points every
-   `--snapshot-every` turns and the run's journal (crash recovery at the turn), and are
+   `--snapshot-every` turns and the run's journal (crash recovery at the turn; every
+   `--probe-every-s` it counts the turns a kill then would lose), and are
    graded by the instance's own tests in the grading copy.
 
 Workload (seeded; lognormal = median * exp(sigma * N(0, 1)), clipped): turns per episode
@@ -389,10 +390,31 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
             group = Group(index, 0, instance.id, scheduled, n)
             for k in range(n):
                 ep = factory.fresh(task, instance, index * n + k, scheduled_step=scheduled)
+                live[ep.trajectory_id] = ep
                 groups[ep.trajectory_id] = group
                 feed.put(ep)
             index += 1
             admitted = index
+
+    async def probe() -> None:
+        """What a kill now would cost: the journal holds exactly what a kill leaves (its
+        lines are fsynced as written), so each episode out loses the turns it completed
+        past the state the journal would resume it from (all of them if none landed),
+        besides the one in progress."""
+        while True:
+            await asyncio.sleep(args.probe_every_s)
+            offers = Journal(journal.path).in_flight()
+            out = [ep for ep in live.values() if ep.sandbox is not None and ep.stop is None]
+            lost = []
+            for ep in out:
+                found = offers.get((task.spec.name, ep.trajectory_id))
+                # completed turns: a turn whose tool call runs has no observation yet
+                done = len(ep.turns) - bool(ep.turns and not ep.turns[-1].observation)
+                lost.append(done - (found.turns if found is not None else 0))
+            probes.append(
+                {"t": round(time.monotonic() - monitor.start, 1), "episodes_out": len(out),
+                 "turns_lost": sum(lost), "lost_per_episode": stats([float(x) for x in lost])}
+            )  # fmt: skip
 
     async def train() -> None:
         step = 0
@@ -420,7 +442,10 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     )
     built = dispatcher.build()
     cpu0 = monitor.cpu()
+    live: dict[str, Any] = {}  # trajectory id -> its episode, until it is back
+    probes: list[dict[str, Any]] = []
     workers = [
+        asyncio.create_task(probe()),
         asyncio.create_task(produce()),
         asyncio.create_task(train()),
         asyncio.create_task(monitor.run()),
@@ -430,6 +455,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         async with aclosing(built.run(feed)) as stream:
             async for traj in stream:
                 trajs.append(traj)
+                live.pop(traj.trajectory_id, None)
                 journal.closed(traj.task, traj.trajectory_id)  # as a run records it
                 if (group := collect_group(traj, groups, feed, None)) is not None:
                     done_groups += 1
@@ -479,6 +505,10 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         "snapshots_before_gc": {k: before_gc[k] for k in ("snapshots", "snapshot_mb")},
         "reclaimed": freed.model_dump() if hasattr(freed, "model_dump") else str(freed),
         "after_gc": {k: monitor.rows[-1][k] for k in ("snapshots", "snapshot_mb")},
+        "crash_probes": probes,
+        "turns_lost_per_episode_out": stats(
+            [float(p["lost_per_episode"].get("max", 0)) for p in probes if p["episodes_out"]]
+        ),
         "trainer_steps": steps,
         "timeline": monitor.rows,
     }
@@ -535,7 +565,8 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=1, help="max_staleness_steps (S)")
     parser.add_argument("--train-step-s", type=float, default=30.0)
     parser.add_argument("--transfer-s", type=float, default=2.0)
-    parser.add_argument("--snapshot-every", type=int, default=5)
+    parser.add_argument("--snapshot-every", type=int, default=1)
+    parser.add_argument("--probe-every-s", type=float, default=120.0, help="crash probes")
     parser.add_argument("--solve", type=float, default=0.3, help="share of gold-patch endings")
     parser.add_argument("--levels", type=int, nargs="*", default=[16, 32, 64, 128])
     parser.add_argument("--sample-s", type=float, default=15.0)

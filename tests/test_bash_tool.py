@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.sandbox.base import Sandbox, SandboxSpec
+from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxSpec
 from agentrl.tools.bash import BashTool
 
 RUN_ID = f"test-bash-{uuid.uuid4().hex[:8]}"
@@ -243,3 +243,39 @@ def test_max_background_is_checked_when_a_task_is_validated(tmp_path: Path) -> N
     assert any("max_background" in p and "greater than or equal to 0" in p for p in problems)
     task.write_text(task.read_text().replace("-1", "4"))
     assert check_task(task) == []
+
+
+@pytest.mark.docker
+def test_one_watch_looks_at_every_idle_shell_and_finds_what_one_left() -> None:
+    """Eight idle shells: one task watches all of them (not one each), every sandbox is
+    looked at, and a background process left in one while no command runs is found and
+    stopped between commands, said with the next observation."""
+    from agentrl.sandbox.docker import DockerProvider
+    from agentrl.tools.bash_watch import IdleWatch
+
+    async def main() -> None:
+        provider = DockerProvider()
+        spec = SandboxSpec(run_id=RUN_ID, pids=64)
+        boxes = await asyncio.gather(*(provider.start(spec) for _ in range(8)))
+        tools = [BashTool(timeout=10, max_background=0) for _ in boxes]
+        try:
+            await asyncio.gather(*(t(b, command="true") for t, b in zip(tools, boxes, strict=True)))
+            watch = IdleWatch.of_loop()
+            assert len(watch.watched) == 8
+            named = [t for t in asyncio.all_tasks() if t.get_name() == "bash idle watch"]
+            assert len(named) == 1
+            # A process started behind the shell's back, as a command's leftover would be.
+            await boxes[3].exec(ExecRequest(command="nohup sleep 7781 >/dev/null 2>&1 &"))
+            deadline = time.monotonic() + 20
+            while (not tools[3]._pending or watch.looks < 8) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert watch.looks >= 8
+            obs = await tools[3](boxes[3], command="echo next")
+            assert "while no command ran, 1 processes were left running" in obs.text
+            assert all(not t._pending for i, t in enumerate(tools) if i != 3)
+        finally:
+            await asyncio.gather(*(t.close() for t in tools))
+            await asyncio.gather(*(b.close() for b in boxes))
+        assert watch.watched == {}
+
+    asyncio.run(main())

@@ -147,8 +147,7 @@ class Journal:
         )
 
     def pending(self) -> dict[tuple[str, str], InFlight]:
-        """What the journal offers, read once when first asked (a resume reads it whole
-        once; episodes made afterwards are journaled but not offered again)."""
+        """What the journal offers, read whole once, when first asked."""
         if self._found is None:
             self._found = self.in_flight()
         return self._found

@@ -15,13 +15,15 @@ started, and the observation says so. Pagers and editors are neutralised
 settings are restored after every command (`stty sane -echo -onlcr`).
 
 One guard keeps a command from starving the next: the sandbox's counters are read from
-the host (`Metered.usage`: nothing runs inside) every ~0.5 s, while a command runs and
-between commands, and right after each (watching a little longer while what it left
-keeps multiplying: a fork bomb returns at once). When forks were refused at the pids
-limit, the OOM killer ran, the sandbox wrote past its disk limit, or, with no command
-running, more than `max_background` processes are left, every process the agent
-started is stopped and a new shell started; the observation (the next one, if no
-command was running) says why in one line.
+the host (`Metered.usage`: nothing runs inside) every ~0.5 s while a command runs, before
+and right after each (watching a little longer while what it left keeps multiplying: a
+fork bomb returns at once), and between commands by one watch for every idle shell of
+the process (`IdleWatch`), which looks at each in turn within a fixed share of a core,
+so its cost does not grow with the fleet (at 512 sandboxes each is looked at less
+often). When forks were refused at the pids limit, the OOM killer ran, the sandbox wrote
+past its disk limit, or, with no command running, more than `max_background` processes
+are left, every process the agent started is stopped and a new shell started; the
+observation (the next one, if no command was running) says why in one line.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import ConfigDict, Field, field_validator
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, Metered, Sandbox, Shell, Usage
 from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
+from agentrl.tools.bash_watch import WATCH_S, IdleWatch
 from agentrl.tools.bash_wire import (
     SETUP,
     SHELL_ARGV,
@@ -46,7 +49,6 @@ from agentrl.tools.bash_wire import (
     sentinel_re,
 )
 
-WATCH_S = 0.5  # usage is read this often while a command runs (less often if reading is slow)
 SETTLE_S = 0.5  # after a command, how long to watch processes it left while they multiply
 PAST_DISK = "the sandbox wrote past its disk limit"
 CLEARED = (
@@ -115,7 +117,7 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         self._lock = asyncio.Lock()
         self._baseline: int | None = None  # processes with a fresh, idle shell
         self._seen: Usage | None = None  # the last look at the sandbox's usage
-        self._idle: asyncio.Task[None] | None = None  # the watch between commands
+        self._idle: IdleWatch | None = None  # the watch between commands, shared
         self._pending: list[str] = []  # what the idle watch did, for the next observation
 
     async def run(self, sandbox: Sandbox, args: BashArgs) -> Observation:
@@ -246,25 +248,22 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
             hazard = await self._hazard(sandbox, idle=True)
         return hazard
 
-    async def _watch_idle(self, sandbox: Sandbox) -> None:
-        """Between commands, the same look every WATCH_S (a background writer filling the
-        disk, a bomb ripening); what it does is told with the next observation."""
-        pause = WATCH_S
-        while True:
-            await asyncio.sleep(pause)
-            if self._lock.locked():  # a command runs: its own watch looks
-                continue
-            async with self._lock:
-                if self._sandbox is not sandbox or self._shell is None:
-                    return
-                looked = time.monotonic()
-                try:
-                    if hazard := await self._hazard(sandbox, idle=True):
-                        await self._clear(sandbox)
-                        self._pending.append(f"while no command ran, {hazard}: {CLEARED}")
-                except SandboxError:  # gone or closed: the next command reports it
-                    return
-                pause = max(WATCH_S, 10 * (time.monotonic() - looked))
+    async def look_idle(self, sandbox: Sandbox) -> bool:
+        """Between commands, the same look (a background writer filling the disk, a bomb
+        ripening); what it does is told with the next observation. False: stop watching
+        (the shell or the sandbox is gone)."""
+        if self._lock.locked():  # a command runs: its own watch looks
+            return True
+        async with self._lock:
+            if self._sandbox is not sandbox or self._shell is None:
+                return False
+            try:
+                if hazard := await self._hazard(sandbox, idle=True):
+                    await self._clear(sandbox)
+                    self._pending.append(f"while no command ran, {hazard}: {CLEARED}")
+            except SandboxError:  # gone or closed: the next command reports it
+                return False
+            return True
 
     def _disk_note(self, sandbox: Sandbox) -> str | None:
         seen, limit = self._seen, sandbox.spec.disk_mb
@@ -342,7 +341,8 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
             if self._baseline is None:  # a fresh shell in a sandbox the agent has not used
                 self._baseline = self._seen.processes
             if self._idle is None:
-                self._idle = asyncio.create_task(self._watch_idle(sandbox))
+                self._idle = IdleWatch.of_loop()
+                self._idle.add(self, sandbox)
 
     async def _restart(self, sandbox: Sandbox) -> None:
         await self._kill()
@@ -356,7 +356,7 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
 
     def _stop_idle(self) -> None:
         if self._idle is not None:
-            self._idle.cancel()
+            self._idle.remove(self)
             self._idle = None
 
     async def close(self, *, keep_processes: bool = False) -> None:

@@ -279,3 +279,40 @@ def test_one_watch_looks_at_every_idle_shell_and_finds_what_one_left() -> None:
         assert watch.watched == {}
 
     asyncio.run(main())
+
+
+@pytest.mark.docker
+def test_a_restored_sandbox_gets_its_shell_back_as_the_agent_left_it() -> None:
+    """Working directory and exported variables travel with a snapshot (a resume, a
+    branch or a replay goes on in the shell the agent had); a restart after a hazard
+    still resets them, as its observation says."""
+    from agentrl.sandbox.docker import DockerProvider
+
+    async def main() -> None:
+        provider = DockerProvider()
+        spec = SandboxSpec(run_id=RUN_ID)
+        box = await provider.start(spec)
+        first, second = BashTool(timeout=10), BashTool(timeout=10)
+        restored = None
+        try:
+            obs = await first(
+                box, command="mkdir -p '/opt/a b' && cd '/opt/a b' && export FOO='x y'"
+            )
+            assert not obs.error
+            snapshot = await box.snapshot("shell")
+            restored = await provider.restore(snapshot, spec)
+            obs = await second(restored, command='pwd; echo "$FOO"')
+            assert obs.text == "/opt/a b\nx y\n"
+            obs = await second(restored, command="exit 3")  # the shell is gone: a new one
+            assert "working directory and environment are reset" in obs.text
+            obs = await second(restored, command='pwd; echo "[$FOO]"')
+            assert obs.text == "/workspace\n[]\n"
+            await provider.remove_snapshot(snapshot)
+        finally:
+            await first.close()
+            await second.close()
+            await box.close()
+            if restored is not None:
+                await restored.close()
+
+    asyncio.run(main())

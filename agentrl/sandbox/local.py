@@ -162,7 +162,9 @@ class LocalSandbox:
         return Path(posix)
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        return {**os.environ, **self._spec.env, **FORCED_ENV, **extra, MARKER: self._id}
+        # The bash tool's shell state (agentrl.tools.bash_wire): /tmp here is the host's.
+        state = {"AGENTRL_SHELL_STATE": f"{self.root}.shell-state"}
+        return {**os.environ, **self._spec.env, **FORCED_ENV, **extra, MARKER: self._id, **state}
 
     async def exec(self, request: ExecRequest) -> ExecResult:
         self._check_open()
@@ -307,6 +309,7 @@ class LocalSandbox:
             for shell in list(self._shells):
                 shell.release()
             shutil.rmtree(self.root, ignore_errors=True)
+            Path(f"{self.root}.shell-state").unlink(missing_ok=True)
         _backstop.discard(self._id)
 
     def _check_open(self) -> None:

@@ -40,6 +40,8 @@ from agentrl.sandbox.base import ExecRequest, Metered, Sandbox, Shell, Usage
 from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
 from agentrl.tools.bash_watch import WATCH_S, IdleWatch
 from agentrl.tools.bash_wire import (
+    RESTORE_STATE,
+    SAVE_STATE,
     SETUP,
     SHELL_ARGV,
     TTY_RESET,
@@ -138,7 +140,7 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         script = (
             "__agentrl_cmd=''\n"
             + "".join(f"__agentrl_cmd+=$'{chunk}'\n" for chunk in ansi_c_chunks(command))
-            + f'eval "$__agentrl_cmd" < /dev/null; __agentrl_rc=$?; {TTY_RESET}; '
+            + f'eval "$__agentrl_cmd" < /dev/null; __agentrl_rc=$?; {SAVE_STATE}; {TTY_RESET}; '
             + f"{sentinel_cmd(nonce, '$__agentrl_rc')}\n"
         )
         out = Output(self.keep_bytes, sentinel_re(nonce))
@@ -323,14 +325,17 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
     async def _start(self, sandbox: Sandbox) -> None:
         if self._shell is not None:
             await self._kill()
-        if self._sandbox is not sandbox:
+        first = self._sandbox is not sandbox  # this tool's first shell in this sandbox
+        if first:
             self._baseline = self._seen = None
             self._stop_idle()
         self._sandbox = sandbox
         self._shell = await sandbox.shell(self.shell_argv)
         nonce = secrets.token_hex(6)
         workdir = sandbox.spec.workdir.replace("'", "'\\''")
-        script = f"{SETUP}cd '{workdir}' 2>/dev/null; {sentinel_cmd(nonce)}\n"
+        # A sandbox restored from a snapshot: the shell as the agent left it (cwd, exports).
+        restore = RESTORE_STATE if first else ""
+        script = f"{SETUP}cd '{workdir}' 2>/dev/null; {restore}{sentinel_cmd(nonce)}\n"
         out = Output(1 << 16, sentinel_re(nonce))
         status = await asyncio.to_thread(self._exchange, script, out, 30.0)
         if status != "done" or out.match is None:

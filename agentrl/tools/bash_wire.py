@@ -54,6 +54,19 @@ def sentinel_cmd(nonce: str, status: str = "$?") -> str:
 # translating newlines, which would garble every later observation.
 TTY_RESET = "stty sane -echo -onlcr 2>/dev/null"
 
+# The shell's working directory and exported variables (an activated venv's PATH too),
+# saved in the sandbox after every command with builtins only, so a snapshot holds them;
+# the first shell a tool starts in a sandbox restored from one (a resume, a branch, a
+# replay) takes them back, as the agent left them. A restart after a hazard does not: it
+# is meant to reset. Processes (a server started with `&`) are not in a snapshot. A
+# sandbox whose /tmp is not its own (the local provider's) names a file of its own.
+STATE_FILE = '"${AGENTRL_SHELL_STATE:-/tmp/.agentrl-shell-state}"'
+SAVE_STATE = f"{{ printf 'cd -- %q\\n' \"$PWD\"; export -p; }} > {STATE_FILE} 2>/dev/null"
+RESTORE_STATE = (
+    f'if [ -r {STATE_FILE} ]; then __agentrl_h="$HOSTNAME"; . {STATE_FILE} >/dev/null 2>&1; '
+    'HOSTNAME="$__agentrl_h"; unset __agentrl_h; fi; '
+)
+
 
 def sentinel_re(nonce: str) -> re.Pattern[bytes]:
     # No leading `\n?`: a pattern that starts with a literal is searched ~30x faster (100 MB

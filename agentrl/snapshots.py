@@ -94,9 +94,16 @@ class Snapshots:
         draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
         return draw >= self.policy.keep_successful
 
-    def unrecorded(self, turns: list[Turn], env: EnvInfo) -> tuple[list[Turn], EnvInfo]:
-        """The records without the snapshots this episode made (they are being removed)."""
-        return unrecorded(turns, env, set(self.made))
+    def thinned(self, turns: list[Turn]) -> set[str]:
+        """What `keep_every` removes once the episode is over: the snapshots after a
+        number of turns that is not a multiple of it (INIT's stays)."""
+        k = self.policy.keep_every
+        if not k:
+            return set()
+        made = set(self.made)
+        return {
+            t.snapshot_id for done, t in enumerate(turns, 1) if t.snapshot_id in made and done % k
+        }
 
     def reclaimable(self, key: str, traj: Trajectory) -> set[str]:
         """The snapshots of a held episode that its replay policy would not have kept:
@@ -104,18 +111,18 @@ class Snapshots:
         made = [(0, traj.env.init_snapshot)] + [
             (k + 1, turn.snapshot_id) for k, turn in enumerate(traj.turns)
         ]
-        every = self.policy.every
+        kept = self.policy.keep_every or self.policy.every
         drop_all = traj.trainable and self.dropped(key, traj.reward)
-        return {
-            sid for done, sid in made if sid and (drop_all or not (every and done % every == 0))
-        }
+        return {sid for done, sid in made if sid and (drop_all or not (kept and done % kept == 0))}
 
-    async def remove(self, remove: Callable[[str], Awaitable[int]]) -> None:
-        # Newest first: after a resume, a snapshot of the restored sandbox is a child of
-        # the image it was restored from, and an image with children cannot be removed.
+    async def remove(self, remove: Callable[[str], Awaitable[int]], ids: set[str]) -> None:
+        """Remove those of `ids` this episode made, newest first: after a resume, a
+        snapshot of the restored sandbox is a child of the image it was restored from, and
+        an image with children cannot be removed."""
         for snapshot_id in reversed(self.made):
-            with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
-                await remove(snapshot_id)
+            if snapshot_id in ids:
+                with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+                    await remove(snapshot_id)
 
 
 def unrecorded(turns: list[Turn], env: EnvInfo, gone: set[str]) -> tuple[list[Turn], EnvInfo]:

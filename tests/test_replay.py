@@ -37,9 +37,20 @@ def tokenizer():
 
 
 def scripted_run(
-    task: Task, script: Path, out: Path, tokenizer, *, every: int | None = 1, keep: float = 0.0
+    task: Task,
+    script: Path,
+    out: Path,
+    tokenizer,
+    *,
+    every: int | None = 1,
+    keep: float = 0.0,
+    keep_every: int = 0,
 ) -> Trajectory:
-    policy = None if every is None else SnapshotPolicy(every=every, keep_successful=keep)
+    policy = (
+        None
+        if every is None
+        else SnapshotPolicy(every=every, keep_successful=keep, keep_every=keep_every)
+    )
     sampler = ScriptedSampler(load_script(script), tokenizer)
     asyncio.run(
         run_task(
@@ -91,6 +102,27 @@ def test_every_turn_is_snapshotted_and_a_failure_keeps_them(broken) -> None:
     ids = replay.snapshot_ids([traj])
     assert traj.env.init_snapshot and all(t.snapshot_id for t in traj.turns)
     assert len(ids) == 7 and images_of(ids) == ids  # INIT + 6 turns, all on disk
+
+
+def test_keep_every_thins_a_finished_failure_and_replay_restores_the_nearest(
+    tmp_path: Path, tokenizer
+) -> None:
+    """`every: 1, keep_every: 2`: while it runs, a snapshot after every turn (what a
+    resume after a kill needs); once it is over, INIT's and every 2nd turn's stay, the
+    others are removed and unrecorded, and a replay from turn 3 restores turn 2's."""
+    traj = scripted_run(
+        load_any(WORDFREQ), DATA / "breaker.yaml", tmp_path, tokenizer, keep_every=2
+    )
+    try:
+        assert traj.reward == 0.0 and len(traj.turns) == 6
+        assert traj.env.init_snapshot
+        assert [t.snapshot_id is not None for t in traj.turns] == [False, True] * 3
+        ids = replay.snapshot_ids([traj])
+        assert len(ids) == 4 and sorted(run_snapshots(tmp_path)) == sorted(ids)
+        late = asyncio.run(replay.replay(tmp_path, traj.trajectory_id, 3))
+        assert late.matched and late.restored_at == 2 and late.replayed_turns == [2, 3, 4, 5]
+    finally:
+        asyncio.run(_remove(replay.snapshot_ids([traj])))
 
 
 def test_replay_from_turn_0_and_from_turn_3_matches(broken) -> None:

@@ -42,7 +42,7 @@ from agentrl.errors import (
 )
 from agentrl.inference.base import Sampler
 from agentrl.play import EpisodeEnd, Gate, Ledger, Play, Player, no_gate
-from agentrl.snapshots import Snapshots
+from agentrl.snapshots import Snapshots, unrecorded
 from agentrl.tasks.evidence import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import close_all, close_tools
@@ -446,14 +446,20 @@ class Episode:
         with contextlib.suppress(Exception):
             await self.snapshots.settle(self.trajectory_id)
         await close_all(self.tools, sandbox)
-        if self._drops_snapshots():  # a success not sampled for keeping
-            await self.snapshots.remove(self.env.remove_snapshot)
+        if removed := self._removed_at_close():
+            await self.snapshots.remove(self.env.remove_snapshot, removed)
 
-    def _drops_snapshots(self) -> bool:
-        if self.snapshots.held:  # the branches that need them reclaim them
-            return False
+    def _removed_at_close(self) -> set[str]:
+        """The snapshots retention removes as the episode closes (and its record omits):
+        all of a success not sampled for keeping, else those `keep_every` thins out. An
+        infrastructure failure keeps all; a branched episode's go when its branches
+        reclaim them."""
+        if self.snapshots.held or self.failed:
+            return set()
         key = f"{self.env.run_id}/{self.trajectory_id}"
-        return not self.failed and self.snapshots.dropped(key, self.reward)
+        if self.snapshots.dropped(key, self.reward):
+            return set(self.snapshots.made)
+        return self.snapshots.thinned(self.turns)
 
     def result(self) -> Trajectory:
         """The validated trajectory of whatever the stages did; one that breaks the ledger
@@ -479,8 +485,8 @@ class Episode:
             segments = segments[:-1]
         first, *rest = [_recorded(s, infra) for s in segments]
         turns, env_info = self.turns, self.env_info
-        if self._drops_snapshots():  # close() removes those it made: record none of them
-            turns, env_info = self.snapshots.unrecorded(turns, env_info)
+        if removed := self._removed_at_close():  # close() removes them: record none of them
+            turns, env_info = unrecorded(turns, env_info, removed)
         return (
             Trajectory(
                 trajectory_id=self.trajectory_id,

@@ -241,6 +241,13 @@ class SnapshotPolicy(_Model):
         description="fraction of successful episodes (full reward) whose snapshots are kept; "
         "every other episode's are always kept",
     )
+    keep_every: int = Field(
+        default=0,
+        ge=0,
+        description="once an episode is over, keep only its snapshots after INIT and every "
+        "k-th turn (0: all it made): `every: 1` lets a killed run go on from the last turn "
+        "while replay keeps a sparser trail (it restores the nearest earlier one)",
+    )
 
 
 DEFAULT_SUMMARY_PROMPT = (

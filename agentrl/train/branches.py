@@ -156,7 +156,7 @@ class Branches:
         held, self.held = list(self.held.values()), {}
         for ep in held:
             await ep.close()  # idempotent; settles a commit in flight
-            await ep.snapshots.remove(ep.env.remove_snapshot)
+            await ep.snapshots.remove(ep.env.remove_snapshot, set(ep.snapshots.made))
 
 
 def collect_group(

@@ -32,9 +32,13 @@ class Snapshots:
     def __init__(self, policy: SnapshotPolicy, branching: int = 0) -> None:
         self.policy = policy
         self.branching = branching  # also commit before every k-th turn, and hold them all
-        # The commit in flight and where its id goes: the turn, or the INIT record.
-        self._pending: tuple[Turn | EnvInfo, asyncio.Future[str]] | None = None
+        # The commit in flight, where its id goes (the turn, or the INIT record), and the
+        # turns done that it holds.
+        self._pending: tuple[Turn | EnvInfo, asyncio.Future[str], int] | None = None
         self.made: list[str] = []
+        self._held_at: dict[str, tuple[int, Turn | EnvInfo]] = {}  # made: turns done, record
+        self.pinned: str | None = None  # what the sandbox was restored from: never removed
+        self.superseded: list[tuple[int, str]] = []  # (turns done, id) to remove now
 
     def due(self, turns_done: int, *, last: bool = False) -> bool:
         """Whether the turn that makes `turns_done` turns is committed (0: the INIT state).
@@ -55,9 +59,11 @@ class Snapshots:
         record: Turn | EnvInfo,
         label: str,
         landed: Callable[[str], None] | None = None,
+        done: int = 0,
     ) -> None:
-        """Commit the sandbox in the background; its id goes to `record` once settled, and
-        to `landed` (the run's journal) the moment the commit lands."""
+        """Commit the sandbox, which has `done` turns behind it, in the background; its id
+        goes to `record` once settled, and to `landed` (the run's journal) the moment the
+        commit lands."""
         assert self._pending is None
 
         async def commit() -> str:
@@ -66,13 +72,13 @@ class Snapshots:
                 landed(snapshot_id)
             return snapshot_id
 
-        self._pending = (record, asyncio.ensure_future(commit()))
+        self._pending = (record, asyncio.ensure_future(commit()), done)
 
     async def settle(self, name: str) -> None:
         """Wait for the commit in flight, if any, and record its id."""
         if self._pending is None:
             return
-        record, commit = self._pending
+        record, commit, done = self._pending
         try:
             snapshot_id = await asyncio.shield(commit)  # a cancelled wait leaves it pending
         except AgentRLError as e:  # a failed commit loses a replay point, not the episode
@@ -80,11 +86,26 @@ class Snapshots:
             self._pending = None
             return
         self._pending = None
+        previous = self.made[-1] if self.made else None
         self.made.append(snapshot_id)
-        if isinstance(record, Turn):
-            record.snapshot_id = snapshot_id
-        else:
-            record.init_snapshot = snapshot_id
+        self._held_at[snapshot_id] = (done, record)
+        _record(record, snapshot_id)
+        if previous is not None:
+            self._supersede(previous)
+
+    def _supersede(self, snapshot_id: str) -> None:
+        """With `keep_every`, a snapshot kept only to go on from after a kill is of no use
+        once a newer one landed (each holds the whole state): it is unrecorded and queued
+        for removal now, so the disk holds the kept ones and the newest while the episode
+        runs (a commit holds all the agent changed since INIT: 1-10 MB on a SWE task)."""
+        k = self.policy.keep_every
+        done, record = self._held_at.get(snapshot_id, (0, None))
+        if not k or self.held or done == 0 or done % k == 0 or snapshot_id == self.pinned:
+            return
+        if record is not None:
+            _record(record, None)
+        self.made.remove(snapshot_id)
+        self.superseded.append((done, snapshot_id))
 
     def dropped(self, key: str, reward: float | None) -> bool:
         """Whether retention removes these snapshots: a full-reward success not in the
@@ -123,6 +144,13 @@ class Snapshots:
             if snapshot_id in ids:
                 with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
                     await remove(snapshot_id)
+
+
+def _record(record: Turn | EnvInfo, snapshot_id: str | None) -> None:
+    if isinstance(record, Turn):
+        record.snapshot_id = snapshot_id
+    else:
+        record.init_snapshot = snapshot_id
 
 
 def unrecorded(turns: list[Turn], env: EnvInfo, gone: set[str]) -> tuple[list[Turn], EnvInfo]:

@@ -368,7 +368,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         sampler,
         tokenizer,
         {task.spec.name: env},
-        SnapshotPolicy(every=args.snapshot_every, keep_successful=0.0),
+        SnapshotPolicy(every=args.snapshot_every, keep_successful=0.0, keep_every=args.keep_every),
         journal,
     )
     B, n, S = args.batch, args.group, args.staleness
@@ -566,6 +566,7 @@ def main() -> None:
     parser.add_argument("--train-step-s", type=float, default=30.0)
     parser.add_argument("--transfer-s", type=float, default=2.0)
     parser.add_argument("--snapshot-every", type=int, default=1)
+    parser.add_argument("--keep-every", type=int, default=5, help="snapshots kept at close")
     parser.add_argument("--probe-every-s", type=float, default=120.0, help="crash probes")
     parser.add_argument("--solve", type=float, default=0.3, help="share of gold-patch endings")
     parser.add_argument("--levels", type=int, nargs="*", default=[16, 32, 64, 128])

@@ -50,7 +50,7 @@ prompt:
   instance: Append a line to /workspace/log every turn.
 tools: [bash]
 limits: {{max_turns: {TURNS}, max_new_tokens: 96, context_length: 2048, tool_timeout: 20}}
-snapshots: {{every: 1}}
+snapshots: {{every: 1, keep_every: 2}}
 grader:
   type: command
   command: >-

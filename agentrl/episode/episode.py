@@ -124,6 +124,7 @@ class Episode:
         self.resumed_at: list[int] = []  # where a killed run's episode went on
         self._resumed_lengths: list[int] | None = None  # its ledger's lengths there
         self.recorded: Trajectory | None = None  # it had finished before a kill: as it was
+        self._removals: set[asyncio.Future[None]] = set()  # superseded snapshots going
         # A harness brings its own tools and conversation: `chat` is then only the task's
         # text (the player's ledger keeps what the harness sent and was sampled).
         self.tools = env.tools() if self.player.task_tools else {}
@@ -225,6 +226,7 @@ class Episode:
         ep.resumed_at = [*partial.resumed_at, n]
         ep.restore_from = found.snapshot
         ep.snapshots.made = list(found.made)
+        ep.snapshots.pinned = found.snapshot  # the sandbox runs on it: never removed under it
         ep.journal = journal
         ep._resumed_lengths = [len(s.response_ids) for s in partial.ledgers()]
         ep.stop = found.ended  # RUN had ended: EVAL is what is left
@@ -353,7 +355,23 @@ class Episode:
         if journal is not None:
             journal.reached(n, self.turns, self.chat.all_segments)
         landed = None if journal is None else functools.partial(journal.landed, n)
-        self.snapshots.start(self.sandbox, record, label, landed)
+        self.snapshots.start(self.sandbox, record, label, landed, done=n)
+
+    async def _settle(self) -> None:
+        """Wait for the commit in flight; remove, in the background, what it supersedes
+        (`Snapshots._supersede`), the journal told first."""
+        await self.snapshots.settle(self.trajectory_id)
+        while self.snapshots.superseded:
+            done, snapshot_id = self.snapshots.superseded.pop()
+            if self.journal is not None:
+                self.journal.dropped(done)
+            task = asyncio.ensure_future(self._remove_snapshot(snapshot_id))
+            self._removals.add(task)
+            task.add_done_callback(self._removals.discard)
+
+    async def _remove_snapshot(self, snapshot_id: str) -> None:
+        with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+            await self.env.remove_snapshot(snapshot_id)
 
     async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:
         """RUN: the player's turns; `gate` is held around each generation request."""
@@ -370,7 +388,7 @@ class Episode:
             sampler=self.sampler,
             gate=gate,
             sampler_clock=self.waiting_on_sampler,
-            settle=lambda: self.snapshots.settle(self.trajectory_id),
+            settle=self._settle,
             snapshot_last_turn=self.snapshot_last_turn,
         )
         try:
@@ -418,7 +436,7 @@ class Episode:
     async def evaluate(self, *, timeout: float | None = None) -> None:
         """Grade the sandbox; a crashing or slow grader is an eval_error."""
         with self.boundary("eval", timeout):
-            await self.snapshots.settle(self.trajectory_id)  # before the grader's files go in
+            await self._settle()  # before the grader's files go in
             if self.failed or self.sandbox is None:
                 return
             # RUN is over: the tools go first, so no shell or watch of theirs acts during EVAL.
@@ -444,7 +462,8 @@ class Episode:
 
     async def _teardown(self, sandbox: Sandbox | None) -> None:
         with contextlib.suppress(Exception):
-            await self.snapshots.settle(self.trajectory_id)
+            await self._settle()
+        await asyncio.gather(*self._removals, return_exceptions=True)
         await close_all(self.tools, sandbox)
         if removed := self._removed_at_close():
             await self.snapshots.remove(self.env.remove_snapshot, removed)

@@ -1,3 +1,4 @@
+# Over 400 lines: the journal's writer and its reader keep one format; apart, each restates it.
 """The journal of episodes in flight: what a killed run needs to go on with each one at its
 last replay point, instead of starting it again.
 
@@ -9,6 +10,7 @@ JSONL file, each line written whole and fsynced) as it goes:
            ledger up to there (only what earlier lines did not hold) and each segment's
            length there
   landed   as that commit lands: the snapshot's id
+  dropped  that snapshot was removed (`keep_every`: a newer one superseded it)
   ended    RUN is over (finished, max_turns): EVAL is all that is left
   resumed  a later process went on from state n: what earlier lines said after n is void
   done     (training) the episode's trajectory, as the rollout got it, with its evidence
@@ -255,6 +257,10 @@ class EpisodeJournal:
     def landed(self, n: int, snapshot_id: str) -> None:
         self._write(landed=n, snapshot=snapshot_id)
 
+    def dropped(self, n: int) -> None:
+        """The snapshot of state n was removed (a newer one superseded it)."""
+        self._write(dropped=n)
+
     def ended(self, n: int, stop: StopReason) -> None:
         if stop in ENDED:
             self._write(ended=n, stop=stop.value)
@@ -294,6 +300,8 @@ class _State:
             self.reached[n] = line["lengths"]
         elif "landed" in line:
             self.landed[line["landed"]] = line["snapshot"]
+        elif "dropped" in line:
+            self.landed.pop(line["dropped"], None)
         elif "ended" in line:
             self.ended = (line["ended"], line["stop"])
         elif "resumed" in line:  # what was written after state n before the kill is void

@@ -17,13 +17,12 @@ settings are restored after every command (`stty sane -echo -onlcr`).
 One guard keeps a command from starving the next: the sandbox's counters are read from
 the host (`Metered.usage`: nothing runs inside) every ~0.5 s while a command runs, before
 and right after each (watching a little longer while what it left keeps multiplying: a
-fork bomb returns at once), and between commands by one watch for every idle shell of
-the process (`IdleWatch`), which looks at each in turn within a fixed share of a core,
-so its cost does not grow with the fleet (at 512 sandboxes each is looked at less
-often). When forks were refused at the pids limit, the OOM killer ran, the sandbox wrote
-past its disk limit, or, with no command running, more than `max_background` processes
-are left, every process the agent started is stopped and a new shell started; the
-observation (the next one, if no command was running) says why in one line.
+fork bomb returns at once), and between commands by one watch for all idle shells
+(`IdleWatch`: a fixed share of a core, whatever the fleet). When forks were refused at
+the pids limit, the OOM killer ran, the sandbox wrote past its disk limit, or, with no
+command running, more than `max_background` processes are left, every process the agent
+started is stopped and a new shell started; the observation (the next one, if no
+command was running) says why in one line.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from pydantic import ConfigDict, Field, field_validator
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, Metered, Sandbox, Shell, Usage
 from agentrl.tools.base import ModelTool, Observation, ToolArgs, ToolOptions
-from agentrl.tools.bash_watch import WATCH_S, IdleWatch
+from agentrl.tools.bash_watch import WATCH_S, IdleWatch, grew, mib, over_disk
 from agentrl.tools.bash_wire import (
     RESTORE_STATE,
     SAVE_STATE,
@@ -198,16 +197,16 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         seen, self._seen = self._seen, now
         spec = sandbox.spec
         if seen is not None:
-            if _grew(seen.pids_refused, now.pids_refused):
+            if grew(seen.pids_refused, now.pids_refused):
                 return f"the sandbox ran out of processes (its limit is {spec.pids})"
-            if _grew(seen.oom_kills, now.oom_kills):
+            if grew(seen.oom_kills, now.oom_kills):
                 return (
                     f"the sandbox ran out of memory (its limit is {spec.memory_mb} MiB) and the "
                     "kernel killed a process"
                 )
-            if _over_disk(now, spec.disk_mb) and _grew(seen.disk_bytes, now.disk_bytes):
+            if over_disk(now, spec.disk_mb) and grew(seen.disk_bytes, now.disk_bytes):
                 return (
-                    f"{PAST_DISK} ({_mib(now.disk_bytes)} MiB of {spec.disk_mb} MiB; delete "
+                    f"{PAST_DISK} ({mib(now.disk_bytes)} MiB of {spec.disk_mb} MiB; delete "
                     "files to go on)"
                 )
         if idle and now.processes is not None and self._baseline is not None:
@@ -269,10 +268,10 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
 
     def _disk_note(self, sandbox: Sandbox) -> str | None:
         seen, limit = self._seen, sandbox.spec.disk_mb
-        if seen is None or not _over_disk(seen, limit):
+        if seen is None or not over_disk(seen, limit):
             return None
         return (
-            f"the sandbox holds {_mib(seen.disk_bytes)} MiB, over its {limit} MiB disk limit: "
+            f"the sandbox holds {mib(seen.disk_bytes)} MiB, over its {limit} MiB disk limit: "
             "delete files before writing more (a command that writes more is stopped)"
         )
 
@@ -333,8 +332,7 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
         self._shell = await sandbox.shell(self.shell_argv)
         nonce = secrets.token_hex(6)
         workdir = sandbox.spec.workdir.replace("'", "'\\''")
-        # A sandbox restored from a snapshot: the shell as the agent left it (cwd, exports).
-        restore = RESTORE_STATE if first else ""
+        restore = RESTORE_STATE if first else ""  # a restored sandbox: the shell as it was
         script = f"{SETUP}cd '{workdir}' 2>/dev/null; {restore}{sentinel_cmd(nonce)}\n"
         out = Output(1 << 16, sentinel_re(nonce))
         status = await asyncio.to_thread(self._exchange, script, out, 30.0)
@@ -376,18 +374,6 @@ class BashTool(ModelTool[BashArgs, BashOptions]):
                 await self._kill()
             except Exception:  # a sandbox that is already gone took the shell with it
                 self._shell = None
-
-
-def _grew(before: int | None, after: int | None) -> bool:
-    return before is not None and after is not None and after > before
-
-
-def _over_disk(usage: Usage, limit_mb: int) -> bool:
-    return usage.disk_bytes is not None and usage.disk_bytes > limit_mb * 1024 * 1024
-
-
-def _mib(n: int | None) -> int:
-    return (n or 0) // (1024 * 1024)
 
 
 async def _why_not_started(sandbox: Sandbox, failed: SandboxError) -> SandboxError:

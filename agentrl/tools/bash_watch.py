@@ -10,7 +10,7 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from agentrl.sandbox.base import Sandbox
+    from agentrl.sandbox.base import Sandbox, Usage
 
 WATCH_S = 0.5  # usage is read this often while a command runs (less often if reading is slow)
 IDLE_SHARE = 0.05  # of one core, at most, for the looks between commands, all shells together
@@ -75,3 +75,16 @@ class IdleWatch:
             for gone in set(due) - set(self.watched):
                 del due[gone]
             await asyncio.sleep(took * (1 / IDLE_SHARE - 1))  # the share of a core
+
+
+def grew(before: int | None, after: int | None) -> bool:
+    """Whether a counter rose between two looks (unknown counts as not)."""
+    return before is not None and after is not None and after > before
+
+
+def over_disk(usage: Usage, limit_mb: int) -> bool:
+    return usage.disk_bytes is not None and usage.disk_bytes > limit_mb * 1024 * 1024
+
+
+def mib(n: int | None) -> int:
+    return (n or 0) // (1024 * 1024)

@@ -302,3 +302,26 @@ def test_a_multi_segment_episode_goes_on_token_exactly(tmp_path: Path) -> None:
     traj = only(out)
     assert traj.resumed_at == [6]
     assert_same_episode(traj, reference)
+
+
+@pytest.mark.slow
+def test_a_resume_whose_snapshots_are_gone_starts_the_episode_again(
+    tmp_path: Path, reference: Trajectory
+) -> None:
+    """`agentrl gc` removed the killed run's snapshots before the rerun: the episode in
+    flight cannot go on from one, so it starts again (never an infrastructure failure in
+    its place) and is the uninterrupted episode, with no resume point."""
+    task, script = counter_task(tmp_path)
+    out = tmp_path / "run"
+    killed_when(cli("run", task, "--policy", f"scripted:{script}", "--out", out), landed(out, 3))
+    run_id = read_run_info(out).run_id
+    gone = labelled_images(run_id)
+    assert gone
+    subprocess.run(["docker", "rmi", "-f", *gone], capture_output=True, check=True)
+    again = agentrl("run", task, "--policy", f"scripted:{script}", "--out", out, "--resume")
+    assert again.returncode == 0, again.stderr
+    traj = only(out)
+    assert traj.resumed_at == []
+    assert "cannot go on from its snapshot" in again.stderr  # offered, and not restorable
+    assert_same_episode(traj, reference)
+    assert labelled_containers(run_id) == []

@@ -113,6 +113,7 @@ class Episode:
         player: Player | None = None,
     ) -> None:
         self.task, self.instance, self.sampler, self.env = task, instance, sampler, env
+        self.tokenizer = tokenizer
         self.player = player or player_for(task)
         self.snapshots = Snapshots(snapshots or task.spec.snapshots, branching)
         self.sample = sample
@@ -342,10 +343,32 @@ class Episode:
                 self._commit(self.env_info, "init")
 
     async def _start(self) -> Sandbox:
-        """A fresh sandbox, or the snapshot a continuation or a resume goes on from."""
+        """A fresh sandbox, or the snapshot a continuation or a resume goes on from. A
+        resume whose snapshot cannot be restored (removed by `agentrl gc`, on a node that
+        is gone) starts the episode again: never an infrastructure failure in its place,
+        which would drop the episodes a kill found running from a training step."""
         if self.restore_from is None:
             return await self.env.init(self.instance, name=self.trajectory_id)
-        return await self.env.restore(self.instance, self.restore_from, name=self.trajectory_id)
+        try:
+            return await self.env.restore(self.instance, self.restore_from, name=self.trajectory_id)
+        except SandboxError as e:
+            if self._resumed_lengths is None:  # a continuation: its branch point is gone
+                raise
+            log.warning(
+                "%s: cannot go on from its snapshot (%s); it starts again", self.trajectory_id, e
+            )
+            self._afresh()
+            return await self.env.init(self.instance, name=self.trajectory_id)
+
+    def _afresh(self) -> None:
+        """Forget what a resume inherited: the episode as the factory makes it fresh."""
+        self.chat = self.ledger = open_chat(self.task, self.instance, self.tools, self.tokenizer)
+        self.turns, self.resumed_at, self.stop = [], [], None
+        self.restore_from = self._resumed_lengths = None
+        self.env_info = EnvInfo(provider=self.env.provider_name, task_hash=self.task.hash)
+        self.snapshots = Snapshots(self.snapshots.policy)  # the old ones: `agentrl gc`
+        if self.journal is not None:  # its next lines begin the episode again
+            self.journal.turns_written, self.journal.lengths = 0, []
 
     def _commit(self, record: Turn | EnvInfo, label: str) -> None:
         """Snapshot the sandbox as it is after the turns done, in the background; the run's

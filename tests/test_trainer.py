@@ -254,6 +254,7 @@ def test_a_run_killed_mid_rollout_keeps_the_step_it_was_in(
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
     done_before = {x["t"]: x["done"] for x in step_2("done")}
     opened = {x["t"] for x in step_2("open")} - set(done_before)
     assert opened, "nothing was in flight at the kill"
@@ -274,6 +275,8 @@ def test_a_run_killed_mid_rollout_keeps_the_step_it_was_in(
         }
     assert any(step2[tid].resumed_at for tid in opened)  # in flight: went on
     assert not journal.exists() or not step_2("open")  # the checkpoint holds the step
+    # The same run: the snapshots its episodes made before the kill are its own.
+    assert json.loads((out / "run.json").read_text())["run_id"] == run_id
 
 
 def test_an_existing_run_is_not_overwritten_by_accident(tmp_path: Path) -> None:

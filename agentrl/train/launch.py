@@ -29,7 +29,7 @@ from agentrl.episode import make_env
 from agentrl.errors import ConfigError
 from agentrl.inference.embedded import model_tokenizer
 from agentrl.preflight import preflight
-from agentrl.run_info import RunInfo, write_run_info
+from agentrl.run_info import RunInfo, read_run_info, write_run_info
 from agentrl.tasks.select import with_overrides
 from agentrl.train.data import run_temperature, split
 from agentrl.train.loop import checkpoints, train_loop
@@ -100,6 +100,9 @@ class Trainer:
                 fix="start from step 0 without --resume (add --overwrite to replace the "
                 "folder), or point --out at the run to continue",
             )
+        if resume:  # the same run: the snapshots its episodes made before a kill are its own
+            with contextlib.suppress(ConfigError, ValueError):
+                self.run_id = read_run_info(self.out).run_id
         backend_cfg = cfg.backend.model_copy(
             update={"temperature": self.temperature, "seed": cfg.seed}
         )

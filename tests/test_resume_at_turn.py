@@ -247,10 +247,9 @@ def test_killed_at_any_moment_it_loses_at_most_the_turn_in_progress(
     assert traj.resumed_at == ([] if kept is None else [kept])
     run_id = read_run_info(out).run_id
     assert labelled_containers(run_id) == []
-    # A commit in flight at the kill may have landed in the engine unrecorded: at most one
-    # image per episode in flight is left (`agentrl gc --snapshots` does not see it: the
-    # resumed run is kept). Every recorded one went with the success.
-    assert len(labelled_images(run_id)) <= 1
+    # A commit in flight at the kill may have landed in the engine unrecorded: the resumed
+    # episode found it by its labels and removed it with the rest (a success keeps none).
+    assert labelled_images(run_id) == []
 
 
 # The trail task (tasks/train/trail): each note names the next key, and its context drops
@@ -325,3 +324,38 @@ def test_a_resume_whose_snapshots_are_gone_starts_the_episode_again(
     assert "cannot go on from its snapshot" in again.stderr  # offered, and not restorable
     assert_same_episode(traj, reference)
     assert labelled_containers(run_id) == []
+
+
+@pytest.mark.slow
+def test_a_commit_that_landed_unrecorded_at_the_kill_is_removed_by_the_resume(
+    tmp_path: Path, reference: Trajectory
+) -> None:
+    """Killed while turn 2's commit had landed in the engine and was not yet journaled
+    (a provider of the tests' own stalls it there): the image is the run's but no record
+    names it. The resumed episode finds it by its labels and removes it; the run leaves
+    no image and no container."""
+    task, script = counter_task(tmp_path)
+    out, mark = tmp_path / "run", tmp_path / "landed"
+    stall = {
+        "PYTHONPATH": str(ROOT / "tests"),
+        "AGENTRL_TEST_STALL_LABEL": "turn-002",
+        "AGENTRL_TEST_STALL_MARK": str(mark),
+    }
+    provider = "stalled_commit_provider:StalledCommits"
+    args = ("run", task, "--policy", f"scripted:{script}", "--out", out)
+    os.environ.update(stall)
+    try:
+        killed_when(cli(*args, "--provider", provider), mark.is_file)
+    finally:
+        for name in stall:
+            os.environ.pop(name)
+    orphan = mark.read_text()
+    run_id = read_run_info(out).run_id
+    assert orphan in labelled_images(run_id)
+    assert not any(x.get("snapshot") == orphan for x in journal_lines(out))  # unrecorded
+    again = agentrl(*args, "--resume")
+    assert again.returncode == 0, again.stderr
+    traj = only(out)
+    assert traj.resumed_at == [2]
+    assert_same_episode(traj, reference)
+    assert labelled_images(run_id) == [] and labelled_containers(run_id) == []

@@ -314,6 +314,11 @@ class RemoteTaskEnv:
         grade: Grade = await sandbox.worker.call("evaluate", sandbox.id, instance)
         return grade
 
+    async def snapshots_named(self, name: str) -> list[str]:
+        """[]: a node's snapshots are found through the fleet's map, which a killed driver
+        lost; what such a commit left there, `agentrl gc --snapshots` on the node removes."""
+        return []
+
     async def remove_snapshot(self, snapshot_id: str) -> int:
         worker = self.fleet.snapshots.pop(snapshot_id, None)
         if worker is None or worker.dead:

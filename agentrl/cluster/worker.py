@@ -69,6 +69,9 @@ class _NodeProvider:
     async def remove_snapshot(self, snapshot_id: str) -> int:
         return await self.inner.remove_snapshot(snapshot_id)
 
+    async def snapshots_named(self, run_id: str, name: str) -> list[str]:
+        return await self.inner.snapshots_named(run_id, name)
+
     def end_run(self, run_id: str) -> None:
         self.inner.end_run(run_id)
 

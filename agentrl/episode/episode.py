@@ -488,6 +488,11 @@ class Episode:
             await self._settle()
         await asyncio.gather(*self._removals, return_exceptions=True)
         await close_all(self.tools, sandbox)
+        if self.resumed_at:  # a commit in flight at the kill may have landed, unrecorded
+            with contextlib.suppress(Exception):
+                for snapshot_id in await self.env.snapshots_named(self.trajectory_id):
+                    if snapshot_id not in self.snapshots.made:
+                        await self.env.remove_snapshot(snapshot_id)
         if removed := self._removed_at_close():
             await self.snapshots.remove(self.env.remove_snapshot, removed)
 

@@ -331,6 +331,12 @@ class SandboxProvider(Protocol):
         """Delete a snapshot; returns the bytes freed (0 if it was already gone)."""
         return 0
 
+    async def snapshots_named(self, run_id: str, name: str) -> list[str]:
+        """The snapshots of run `run_id` that sandboxes named `name` committed and that are
+        still here, newest first: how a resumed episode finds a commit that landed after
+        its process was killed, unrecorded ([] where the provider cannot tell)."""
+        return []
+
     def end_run(self, run_id: str) -> None:
         """At the end of run `run_id`: remove whatever of it a crash may have left (docker:
         the run's containers); blocking, idempotent."""

@@ -127,6 +127,10 @@ class LocalProvider:
             raise
         return sandbox
 
+    async def snapshots_named(self, run_id: str, name: str) -> list[str]:
+        """[]: a local snapshot's folder does not say which sandbox it came from."""
+        return []
+
     def end_run(self, run_id: str) -> None:
         """Nothing: a local sandbox's folder goes with its close (or the exit backstop)."""
 

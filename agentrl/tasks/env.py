@@ -71,6 +71,8 @@ class EpisodeEnv(Protocol):
 
     async def remove_snapshot(self, snapshot_id: str) -> int: ...
 
+    async def snapshots_named(self, name: str) -> list[str]: ...
+
 
 def build_tools(task: Task) -> dict[str, Tool]:
     """The task's tools, by name, with its options (bash takes the task's tool timeout)."""
@@ -122,6 +124,10 @@ class TaskEnv:
 
     async def remove_snapshot(self, snapshot_id: str) -> int:
         return await self.provider.remove_snapshot(snapshot_id)
+
+    async def snapshots_named(self, name: str) -> list[str]:
+        """This run's snapshots of sandboxes named `name`, newest first (the provider's)."""
+        return await self.provider.snapshots_named(self.run_id, name)
 
     async def image(self) -> str:
         """The image to start: named by the spec, or built from its recipe (once)."""

@@ -24,10 +24,12 @@ from agentrl.errors import ConfigError, SandboxError, SnapshotGone
 from agentrl.sandbox.base import FORCED_ENV, Capabilities, SandboxSpec
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
+    INIT_ADDED,
     NAME,
     NODE,
     OWNER,
     RUN,
+    SNAPSHOT_OF,
     SNAPSHOT_REPO,
     first_line,
     owner,
@@ -120,6 +122,17 @@ class DockerProvider:
     async def remove_snapshot(self, snapshot_id: str) -> int:
         """Remove a snapshot image; returns the bytes its layer held (0 if already gone)."""
         return await asyncio.to_thread(remove_snapshot, self.client, snapshot_id) or 0
+
+    async def snapshots_named(self, run_id: str, name: str) -> list[str]:
+        """By their labels, newest first (an INIT state's image is not a snapshot)."""
+        labels = [f"{SNAPSHOT_OF}={run_id}", f"{NAME}={name}"]
+
+        def query() -> list[str]:
+            images = self.client.api.images(all=True, filters={"label": labels})
+            ordered = sorted(images, key=lambda i: i.get("Created", 0), reverse=True)
+            return [i["Id"] for i in ordered if INIT_ADDED not in (i.get("Labels") or {})]
+
+        return await asyncio.to_thread(query)
 
     def end_run(self, run_id: str) -> None:
         """Remove every container of `run_id` still there (its snapshots stay, for replay)."""

@@ -242,13 +242,7 @@ class EpisodeJournal:
             part: dict[str, Any] = {"k": k, "from": start}
             if k >= len(self.lengths):
                 part |= {"reason": seg.reason, "prompt_ids": seg.prompt_ids}
-            part |= {
-                "response_ids": seg.response_ids[start:],
-                "loss_mask": seg.loss_mask[start:],
-                "logprobs": seg.logprobs[start:],
-                "versions": seg.versions[start:],
-            }
-            ledger.append(part)
+            ledger.append(part | _compact(seg, start))
         self.lengths = [len(s.response_ids) for s in segments]
         new = [t.model_dump(mode="json") for t in turns[self.turns_written : n]]
         self.turns_written = n
@@ -295,8 +289,8 @@ class _State:
                         | {name: [] for name in _TOKENS}
                     )
                 seg = self.segments[k]
-                for name in _TOKENS:
-                    seg[name] = seg[name][: part["from"]] + part[name]
+                for name, values in _expanded(part).items():
+                    seg[name] = seg[name][: part["from"]] + values
             self.reached[n] = line["lengths"]
         elif "landed" in line:
             self.landed[line["landed"]] = line["snapshot"]
@@ -378,6 +372,37 @@ class _State:
             )
             for seg, length in zip(self.segments, lengths, strict=False)
         ]
+
+
+def _compact(seg: ChatSegment, start: int) -> dict[str, Any]:
+    """A segment's tokens from `start`, as a line holds them: the mask as runs, and the
+    logprobs and versions of sampled tokens only (the others are always 0.0 and -1)."""
+    mask = seg.loss_mask[start:]
+    runs: list[list[int]] = []
+    for m in mask:
+        if runs and runs[-1][0] == m:
+            runs[-1][1] += 1
+        else:
+            runs.append([m, 1])
+    sampled = [i for i, m in enumerate(mask, start) if m]
+    return {
+        "response_ids": seg.response_ids[start:],
+        "mask_runs": runs,
+        "logprobs": [seg.logprobs[i] for i in sampled],
+        "versions": [seg.versions[i] for i in sampled],
+    }
+
+
+def _expanded(part: dict[str, Any]) -> dict[str, list[Any]]:
+    """`_compact`'s fields back as the segment's lists."""
+    mask = [m for m, n in part["mask_runs"] for _ in range(n)]
+    logprobs, versions = iter(part["logprobs"]), iter(part["versions"])
+    return {
+        "response_ids": part["response_ids"],
+        "loss_mask": mask,
+        "logprobs": [next(logprobs) if m else 0.0 for m in mask],
+        "versions": [next(versions) if m else -1 for m in mask],
+    }
 
 
 def _newest_version(ledgers: list[Segment]) -> int:

@@ -240,6 +240,21 @@ class Trajectory(_Strict):
         """Whether this episode's outcome is the agent's (not an infrastructure failure)."""
         return self.stop_reason not in INFRA_STOP_REASONS
 
+    @classmethod
+    def from_ledgers(cls, ledgers: Sequence[Segment], **fields: Any) -> Trajectory:
+        """A trajectory whose token ledgers are `ledgers`: the first one's are the
+        top-level fields, the rest its `segments` (`ledgers()` is the inverse)."""
+        first, *rest = ledgers
+        return cls(
+            prompt_ids=first.prompt_ids,
+            response_ids=first.response_ids,
+            loss_mask=first.loss_mask,
+            logprobs=first.logprobs,
+            token_versions=first.token_versions,
+            segments=rest,
+            **fields,
+        )
+
     def ledgers(self) -> list[Segment]:
         """Every token ledger of the episode in order: the first (the top-level fields)
         and its `segments`."""

@@ -530,21 +530,16 @@ class Episode:
         if len(segments) > 1 and not segments[-1].response_ids:
             # The observation after the last turn began a segment the sampler never saw.
             segments = segments[:-1]
-        first, *rest = [_recorded(s, infra) for s in segments]
+        ledgers = [_recorded(s, infra) for s in segments]
         turns, env_info = self.turns, self.env_info
         if removed := self._removed_at_close():  # close() removes them: record none of them
             turns, env_info = unrecorded(turns, env_info, removed)
         return (
-            Trajectory(
+            Trajectory.from_ledgers(
+                ledgers,
                 trajectory_id=self.trajectory_id,
                 group_id=self.instance.id,
                 task=self.task.spec.name,
-                prompt_ids=first.prompt_ids,
-                response_ids=first.response_ids,
-                loss_mask=first.loss_mask,
-                logprobs=first.logprobs,
-                token_versions=first.token_versions,
-                segments=rest,
                 reward=self.reward,
                 reward_components=self.components,
                 stop_reason=stop,

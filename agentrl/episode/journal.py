@@ -330,17 +330,11 @@ class _State:
                 turns[done - 1].snapshot_id = snapshot_id
         env = EnvInfo.model_validate(self.open["env"])
         env.init_snapshot = self.landed.get(0)
-        first, *rest = ledgers
-        partial = Trajectory(
+        partial = Trajectory.from_ledgers(
+            ledgers,
             trajectory_id=trajectory_id,
             group_id=self.open["instance"],
             task=task,
-            prompt_ids=first.prompt_ids,
-            response_ids=first.response_ids,
-            loss_mask=first.loss_mask,
-            logprobs=first.logprobs,
-            token_versions=first.token_versions,
-            segments=rest,
             stop_reason=StopReason.aborted,  # not a record: what the episode goes on from
             turns=turns,
             scheduled_step=self.open["scheduled_step"],

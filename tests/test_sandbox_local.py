@@ -248,3 +248,29 @@ def test_disk_watchdog_and_process_guard_work_locally() -> None:
             await bash.close()
 
     with_sandbox(body, SandboxSpec(run_id="test-local", disk_mb=16))
+
+
+def test_a_runs_snapshots_are_found_by_sandbox_name_and_no_other() -> None:
+    """How a resumed episode finds a commit that landed unrecorded at a kill: by its run
+    and sandbox name, newest first, never another sandbox's (`ep_1` is not `ep_10`'s)."""
+
+    async def main() -> None:
+        provider = LocalProvider()
+        run = f"snapnames-{os.getpid()}"
+        made: dict[str, list[str]] = {}
+        for name in ("ep_1", "ep_10", "ep_1--x"):
+            box = await provider.start(SandboxSpec(run_id=run, name=name))
+            try:
+                made[name] = [await box.snapshot("init"), await box.snapshot("turn-000")]
+            finally:
+                await box.close()
+        try:
+            for name, ids in made.items():
+                assert await provider.snapshots_named(run, name) == ids[::-1]
+            assert await provider.snapshots_named("other-run", "ep_1") == []
+        finally:
+            for ids in made.values():
+                for i in ids:
+                    await provider.remove_snapshot(i)
+
+    asyncio.run(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import logging
 import os
 import re
@@ -66,6 +67,15 @@ def snapshots_dir() -> Path:
 def _is_snapshot(snapshot_id: str) -> bool:
     folder = snapshots_dir() / snapshot_id
     return "/" not in snapshot_id and not snapshot_id.startswith(".") and folder.is_dir()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip(".-")
+
+
+def _snapshot_prefix(run_id: str, name: str) -> str:
+    """What every snapshot folder of a sandbox named `name` in run `run_id` begins with."""
+    return f"{_safe(run_id)[:40]}--{_safe(name)[:60]}--"
 
 
 def _tree_bytes(snapshot_id: str) -> int:
@@ -128,8 +138,19 @@ class LocalProvider:
         return sandbox
 
     async def snapshots_named(self, run_id: str, name: str) -> list[str]:
-        """[]: a local snapshot's folder does not say which sandbox it came from."""
-        return []
+        """By their folders' names (run, sandbox name, label), newest first."""
+        prefix = _snapshot_prefix(run_id, name)
+
+        def find() -> list[str]:
+            root = snapshots_dir()
+            found = [  # the rest is the label and a suffix: another name's goes on with "--"
+                p
+                for p in root.glob(f"{glob.escape(prefix)}*")
+                if p.is_dir() and "--" not in p.name[len(prefix) :]
+            ]
+            return [p.name for p in sorted(found, key=lambda p: p.stat().st_ctime_ns, reverse=True)]
+
+        return await asyncio.to_thread(find)
 
     def end_run(self, run_id: str) -> None:
         """Nothing: a local sandbox's folder goes with its close (or the exit backstop)."""
@@ -254,7 +275,7 @@ class LocalSandbox:
     async def snapshot(self, label: str) -> str:
         """Copy the directory tree (symlinks kept as links); returns the snapshot's folder name."""
         self._check_open()
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self._spec.run_id}-{label}").strip(".-")[:100]
+        safe = _snapshot_prefix(self._spec.run_id, self._spec.name or "") + _safe(label)[:40]
         snapshot_id = f"{safe}-{uuid.uuid4().hex[:8]}"
         dest = snapshots_dir() / snapshot_id
         dest.parent.mkdir(parents=True, exist_ok=True)

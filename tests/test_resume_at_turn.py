@@ -323,22 +323,24 @@ def test_a_resume_whose_snapshots_are_gone_starts_the_episode_again(
     assert traj.resumed_at == []
     assert "cannot go on from its snapshot" in again.stderr  # offered, and not restorable
     assert_same_episode(traj, reference)
-    assert labelled_containers(run_id) == []
+    assert labelled_containers(run_id) == [] and labelled_images(run_id) == []
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("label", "resumed_at"), [("turn-002", [2]), ("init", [])])
 def test_a_commit_that_landed_unrecorded_at_the_kill_is_removed_by_the_resume(
-    tmp_path: Path, reference: Trajectory
+    tmp_path: Path, reference: Trajectory, label: str, resumed_at: list[int]
 ) -> None:
-    """Killed while turn 2's commit had landed in the engine and was not yet journaled
-    (a provider of the tests' own stalls it there): the image is the run's but no record
-    names it. The resumed episode finds it by its labels and removes it; the run leaves
-    no image and no container."""
+    """Killed while a commit had landed in the engine and was not yet journaled (a
+    provider of the tests' own stalls it there): the image is the run's but no record
+    names it. The episode, gone on from turn 2's state or, when INIT's commit stalled,
+    begun again, finds it by its name and removes it; the run leaves no image and no
+    container."""
     task, script = counter_task(tmp_path)
     out, mark = tmp_path / "run", tmp_path / "landed"
     stall = {
         "PYTHONPATH": str(ROOT / "tests"),
-        "AGENTRL_TEST_STALL_LABEL": "turn-002",
+        "AGENTRL_TEST_STALL_LABEL": label,
         "AGENTRL_TEST_STALL_MARK": str(mark),
     }
     provider = "stalled_commit_provider:StalledCommits"
@@ -356,6 +358,6 @@ def test_a_commit_that_landed_unrecorded_at_the_kill_is_removed_by_the_resume(
     again = agentrl(*args, "--resume")
     assert again.returncode == 0, again.stderr
     traj = only(out)
-    assert traj.resumed_at == [2]
+    assert traj.resumed_at == resumed_at  # INIT's commit stalled: nothing to go on from
     assert_same_episode(traj, reference)
     assert labelled_images(run_id) == [] and labelled_containers(run_id) == []

@@ -125,6 +125,7 @@ class Episode:
         self.resumed_at: list[int] = []  # where a killed run's episode went on
         self._resumed_lengths: list[int] | None = None  # its ledger's lengths there
         self.recorded: Trajectory | None = None  # it had finished before a kill: as it was
+        self.after_kill = False  # a killed process began it: its commits may be here
         self._removals: set[asyncio.Future[None]] = set()  # superseded snapshots going
         # A harness brings its own tools and conversation: `chat` is then only the task's
         # text (the player's ledger keeps what the harness sent and was sampled).
@@ -366,7 +367,8 @@ class Episode:
         self.turns, self.resumed_at, self.stop = [], [], None
         self.restore_from = self._resumed_lengths = None
         self.env_info = EnvInfo(provider=self.env.provider_name, task_hash=self.task.hash)
-        self.snapshots = Snapshots(self.snapshots.policy)  # the old ones: `agentrl gc`
+        self.snapshots = Snapshots(self.snapshots.policy)  # the old ones go at close
+        self.after_kill = True
         if self.journal is not None:  # its next lines begin the episode again
             self.journal.turns_written, self.journal.lengths = 0, []
 
@@ -488,7 +490,7 @@ class Episode:
             await self._settle()
         await asyncio.gather(*self._removals, return_exceptions=True)
         await close_all(self.tools, sandbox)
-        if self.resumed_at:  # a commit in flight at the kill may have landed, unrecorded
+        if self.resumed_at or self.after_kill:  # a kill's commits may be here, unrecorded
             with contextlib.suppress(Exception):
                 for snapshot_id in await self.env.snapshots_named(self.trajectory_id):
                     if snapshot_id not in self.snapshots.made:

@@ -106,6 +106,10 @@ class Episodes:
             player=player,
         )
         episode.journal = journal
+        # begun by a killed process, with nothing to go on from: what it committed is gone
+        episode.after_kill = (task.spec.name, f"{instance.id}_{sample}") in (
+            self.journal.started if self.journal is not None else set()
+        )
         return episode
 
     def _found(self, task: Task, trajectory_id: str) -> InFlight | None:

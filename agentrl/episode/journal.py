@@ -85,6 +85,7 @@ class Journal:
     def __init__(self, path: Path, version: int | None = None) -> None:
         self.path, self.version = path, version
         self._found: dict[tuple[str, str], InFlight] | None = None  # read once, then taken
+        self.started: set[tuple[str, str]] = set()  # episodes a killed process had begun
         self._appended = 0  # bytes written since the last rewrite
         self._closed: set[tuple[str, str]] = set()  # recorded since then
 
@@ -126,6 +127,7 @@ class Journal:
                 done[key] = _finished(line)
             elif (state := states.get(key)) is not None:
                 state.read(line)
+        self.started = set(states)
         out = {}
         for key, state in states.items():
             if (found := state.in_flight(*key, self.version)) is not None:

@@ -59,7 +59,7 @@ grader:
 """
 REPLY = (
     '<tool_call>{"name": "bash", "arguments": {"command": '
-    '"echo step >> /workspace/log; echo count $(wc -l < /workspace/log); sleep 0.4"}}</tool_call>'
+    '"echo step >> /workspace/log; echo count $(wc -l < /workspace/log); sleep 0.2"}}</tool_call>'
 )
 
 
@@ -149,7 +149,7 @@ def landed(out: Path, n: int) -> Callable[[], bool]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [3, 1])
+@pytest.mark.parametrize("kill_at", [3])
 def test_a_run_killed_mid_episode_goes_on_from_its_last_snapshot(
     tmp_path: Path, reference: Trajectory, kill_at: int
 ) -> None:
@@ -222,7 +222,7 @@ def test_an_eval_killed_during_eval_is_graded_without_sampling_again(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "delay", [1.5, 2.9, 4.6]
+    "delay", [1.5, 2.9]
 )  # seconds after the start, spread over INIT and RUN
 def test_killed_at_any_moment_it_loses_at_most_the_turn_in_progress(
     tmp_path: Path, reference: Trajectory, delay: float

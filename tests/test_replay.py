@@ -226,7 +226,7 @@ def test_branching_from_turn_2_keeps_the_original_prefix(
 
 def test_shell_opens_in_the_restored_sandbox_and_failures_lists_the_episode(broken) -> None:
     out, traj = broken
-    child = pexpect.spawn(
+    child = pexpect.spawn(  # poll: a worker late in the suite holds descriptors past 1024
         sys.executable,
         [
             "-m",
@@ -240,6 +240,7 @@ def test_shell_opens_in_the_restored_sandbox_and_failures_lists_the_episode(brok
         ],
         timeout=120,
         encoding="utf-8",
+        use_poll=True,
     )
     child.expect(r"[#$] ")
     child.sendline("cat /app/wordfreq.py; exit")

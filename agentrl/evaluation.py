@@ -180,6 +180,7 @@ class Evaluation:
                 {(task, f"{inst}_{a}") for task, inst, a in (o.key for o in self.done)}
             )
         atomic.write_text(self.out / EVAL_INFO, self.spec.model_dump_json(indent=2) + "\n")
+        self.journal.run_id = run_id
         info = RunInfo(run_id=run_id, provider=provider, tasks=self.spec.paths, model=model)
         write_run_info(self.out, info)
         if retry_infra:

@@ -140,17 +140,19 @@ def labelled_images(run_id: str) -> list[str]:
 
 @pytest.fixture
 def run_id(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh run id; the test fails if any container of that run is left behind."""
+    """A fresh run id; the test fails if any container of that run is left behind. The
+    run's snapshots a test keeps (replay) are removed after it, so the suite leaves the
+    engine as it found it; tests about snapshot retention check `labelled_images`."""
     from agentrl.sandbox.docker import remove_run
     from agentrl.sandbox.images import docker_client
 
     run = f"test-{request.node.name[:24]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
     yield run
     left = labelled_containers(run)
-    if left:  # clean up before failing, so one failure leaks nothing
+    if left or labelled_images(run):  # clean up before failing, so one failure leaks nothing
         client = docker_client()
         try:
-            remove_run(client, run)
+            remove_run(client, run, snapshots=True)
         finally:
             client.close()
     assert left == []

@@ -293,7 +293,7 @@ def test_a_restored_sandbox_gets_its_shell_back_as_the_agent_left_it() -> None:
         spec = SandboxSpec(run_id=RUN_ID)
         box = await provider.start(spec)
         first, second = BashTool(timeout=10), BashTool(timeout=10)
-        restored = None
+        restored = snapshot = None
         try:
             obs = await first(
                 box, command="mkdir -p '/opt/a b' && cd '/opt/a b' && export FOO='x y'"
@@ -307,12 +307,13 @@ def test_a_restored_sandbox_gets_its_shell_back_as_the_agent_left_it() -> None:
             assert "working directory and environment are reset" in obs.text
             obs = await second(restored, command='pwd; echo "[$FOO]"')
             assert obs.text == "/workspace\n[]\n"
-            await provider.remove_snapshot(snapshot)
         finally:
             await first.close()
             await second.close()
             await box.close()
             if restored is not None:
                 await restored.close()
+            if snapshot is not None:  # after the container made from it is gone
+                assert await provider.remove_snapshot(snapshot) > 0
 
     asyncio.run(main())

@@ -202,3 +202,53 @@ def test_an_init_state_committed_as_the_episode_is_cancelled_is_removed(
 
     asyncio.run(main())
     assert labelled_images(run_id) == []
+
+
+OWNER = """
+import asyncio, sys
+from agentrl.episode import make_env
+from agentrl.sandbox.docker import DockerProvider
+from agentrl.tasks.load import load_task
+
+async def main():
+    task = load_task(sys.argv[1])
+    env = make_env(task, DockerProvider(reap_at_start=False), sys.argv[2])
+    sandbox = await env.init(task.instances[0], sys.argv[3])
+    if sys.argv[3] == "snapshotted":
+        await sandbox.snapshot("one")
+    print("ready", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_the_init_state_of_a_killed_owner_is_reaped_unless_a_snapshot_names_it(
+    task: Task, run_id: str
+) -> None:
+    """A driver (or a cluster node) SIGKILLed after INIT leaves its sandbox's INIT state on
+    the engine: the next provider's reap removes it with the container, since no restart,
+    grading copy or replay can use it. Once a snapshot names it, it stays with that
+    snapshot (for replay or a resume) until `gc --snapshots` takes both."""
+    import signal
+    import subprocess
+    import sys
+
+    from agentrl.sandbox.docker import gc
+
+    for name in ("bare", "snapshotted"):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", OWNER, task.path, run_id, name],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    assert len(labelled_images(run_id)) == 3, "two INIT states and one snapshot"
+    DockerProvider()  # the owners are dead: their containers and the unnamed INIT state go
+    assert len(labelled_images(run_id)) == 2, "the snapshot and the INIT state it names"
+    gc(run_id=run_id, snapshots=True)
+    assert labelled_images(run_id) == []

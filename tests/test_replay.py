@@ -282,6 +282,12 @@ def test_gc_reclaims_the_snapshots_of_a_killed_driver(tmp_path: Path) -> None:
     proc.wait(timeout=30)
     left = snapshots()
     assert left  # the driver died holding them
+    # Its journal offers the episode in flight a resume from them: gc leaves them...
+    assert (tmp_path / "inflight.jsonl").is_file()
+    gc(snapshots=True)
+    assert set(left) <= set(snapshots())
+    # ...until the run folder is gone (nothing can resume it any more).
+    (tmp_path / "inflight.jsonl").unlink()
     report = gc(snapshots=True)
     assert snapshots() == []
     assert report.snapshots >= len(left) and report.snapshot_bytes > 0

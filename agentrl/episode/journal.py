@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl import atomic
+from agentrl.sandbox.base import record_resumable
 from agentrl.trajectory import EnvInfo, Segment, StopReason, Trajectory, Turn
 
 if TYPE_CHECKING:
@@ -82,8 +83,12 @@ class InFlight:
 class Journal:
     """One run's journal (`path`), shared by its episodes."""
 
-    def __init__(self, path: Path, version: int | None = None) -> None:
+    def __init__(self, path: Path, version: int | None = None, run_id: str | None = None) -> None:
         self.path, self.version = path, version
+        self.run_id = run_id
+        """The run whose snapshots the lines name: recorded as resumable at the first
+        write, so `gc --snapshots` leaves a killed run's snapshots while this file is here."""
+        self._recorded = False
         self._found: dict[tuple[str, str], InFlight] | None = None  # read once, then taken
         self.started: set[tuple[str, str]] = set()  # episodes a killed process had begun
         self._appended = 0  # bytes written since the last rewrite
@@ -97,6 +102,9 @@ class Journal:
         """Append one line, whole, and fsync it: a kill after this keeps it."""
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.run_id is not None and not self._recorded:
+            record_resumable(self.run_id, self.path)
+            self._recorded = True
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)

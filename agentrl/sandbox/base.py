@@ -14,6 +14,9 @@ pydantic model (picklable config and request/response records) or bytes; live ob
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -23,10 +26,42 @@ from agentrl.cache import cache_root
 from agentrl.errors import Unsupported
 from agentrl.sandbox.seal import GradeScope
 
+log = logging.getLogger(__name__)
+
 
 def snapshots_root() -> Path:
     """Where snapshots' files and records live: `$AGENTRL_CACHE/snapshots`."""
     return cache_root() / "snapshots"
+
+
+def _resumable_record(run_id: str) -> Path:
+    name = hashlib.sha256(run_id.encode()).hexdigest()[:32]
+    return snapshots_root() / "resumable-runs" / name
+
+
+def record_resumable(run_id: str, journal: Path) -> None:
+    """Record that `run_id`, killed, can go on from its snapshots (`--resume`) as long as
+    its journal of episodes in flight is there: `gc --snapshots` keeps them until then."""
+    record = _resumable_record(run_id)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"run": run_id, "journal": str(journal.resolve())}))
+    except OSError as exc:
+        log.warning("could not record %s as resumable in %s: %s", run_id, record, exc)
+
+
+def resumable(run_id: str) -> bool:
+    """Whether a journal `run_id` recorded still offers its episodes in flight a resume
+    from its snapshots (the run finished, or its folder was removed: no longer)."""
+    record = _resumable_record(run_id)
+    try:
+        journal = Path(json.loads(record.read_text())["journal"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if journal.is_file():
+        return True
+    record.unlink(missing_ok=True)
+    return False
 
 
 OUTPUT_KEEP_BYTES = 1 << 20

@@ -85,7 +85,9 @@ class TrainRun:
         """The journal of the training episodes in flight (`agentrl.episode.journal`):
         their replay points, and those back until a checkpoint holds them. Opened once the
         weights are published: a resumed run takes what its checkpoint's versions sampled."""
-        self.journal = Journal(self.out / JOURNAL, version=self.sampler.policy_version)
+        self.journal = Journal(
+            self.out / JOURNAL, version=self.sampler.policy_version, run_id=self.run_id
+        )
 
     @property
     def replayable(self) -> bool:

@@ -23,9 +23,10 @@ from docker.errors import APIError, DockerException, NotFound
 from pydantic import BaseModel, ConfigDict
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from agentrl.sandbox.base import snapshots_root
+from agentrl.sandbox.base import resumable, snapshots_root
 from agentrl.sandbox.docker.engine import (
     EXPIRES,
+    INIT_ADDED,
     INIT_STATE,
     OWNER,
     RUN,
@@ -84,7 +85,11 @@ def _forget_kept(client: docker.DockerClient) -> None:
 
 
 def _kept(run_id: str | None) -> bool:
-    return bool(run_id) and (kept_runs() / slug(run_id or "")).is_file()
+    """Whether the run's snapshots stay: its process exited (replay), or it was killed
+    and its journal offers a resume from them."""
+    if not run_id:
+        return False
+    return (kept_runs() / slug(run_id)).is_file() or resumable(run_id)
 
 
 class GcReport(BaseModel):
@@ -129,10 +134,10 @@ def _owner_dead(labels: dict[str, str]) -> bool:
 
 def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
     """Remove agentrl containers that expired, whose owner died on this host, or whose
-    close() here gave up. A container that merely stopped is its owner's to remove: a
-    live run grades the container its agent stopped (`sandbox_broken`), and another
-    agentrl process on the host reaping it would turn the agent's damage into an
-    infrastructure error."""
+    close() here gave up, then the INIT states of dead owners no snapshot names. A
+    container that merely stopped is its owner's to remove: a live run grades the
+    container its agent stopped (`sandbox_broken`), and another agentrl process on the
+    host reaping it would turn the agent's damage into an infrastructure error."""
     filters = {"label": [f"{RUN}={run_id}" if run_id else RUN, OWNER]}
     removed, now = 0, time.time()
     for summary in client.api.containers(all=True, filters=filters):
@@ -146,7 +151,24 @@ def reap(client: docker.DockerClient, *, run_id: str | None = None) -> int:
                 removed += 1
             except (DockerException, requests.RequestException) as exc:
                 log.warning("could not reap %s: %s", summary["Id"][:12], first_line(exc))
+    _reap_init_states(client, run_id)
     return removed
+
+
+def _reap_init_states(client: docker.DockerClient, run_id: str | None) -> None:
+    """Remove the INIT-state images (`keep_init`) whose owner died on this host and that
+    no snapshot names: scratch of a sandbox whose process is gone (a killed driver, a
+    dead node), which no restart, grading copy or replay can use any more. One a snapshot
+    names stays with it (`remove_snapshot` takes it along)."""
+    filters = {"label": [f"{RUN}={run_id}" if run_id else RUN, INIT_ADDED]}
+    try:
+        images = client.api.images(all=True, filters=filters)
+    except (DockerException, requests.RequestException) as exc:
+        log.warning("could not list INIT states: %s", first_line(exc))
+        return
+    for image in images:
+        if _owner_dead(image.get("Labels") or {}):
+            _remove_unnamed_init_state(client, image["Id"])
 
 
 def remove_run(client: docker.DockerClient, run_id: str, *, snapshots: bool = False) -> GcReport:
@@ -167,8 +189,9 @@ def gc(
 
     A snapshot's run is dead when its owner process on this host is gone and no
     container of the run is left; of those, a run whose process exited kept its snapshots
-    for replay (`keep_at_exit`) unless `run_id` names it. Snapshots made on other hosts
-    are kept.
+    for replay (`keep_at_exit`), and a killed run whose journal is still there keeps them
+    for its `--resume` (`record_resumable`), unless `run_id` names it. Snapshots made on
+    other hosts are kept.
     """
     own = client is None
     client = client or docker_client()

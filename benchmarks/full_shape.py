@@ -227,8 +227,17 @@ def engine_pids() -> list[int]:
 class Monitor:
     """Samples this process, the engine and the run's containers and snapshots."""
 
-    def __init__(self, client: Any, run_id: str, journal: Path, every_s: float) -> None:
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        journal: Path,
+        every_s: float,
+        log: Path | None = None,
+        progress: Callable[[], str] = str,
+    ) -> None:
         self.client, self.run_id, self.journal, self.every_s = client, run_id, journal, every_s
+        self.log, self.progress = log, progress  # a line a person can follow, each sample
         self.rows: list[dict[str, Any]] = []
         self.peak_memory: dict[str, int] = {}  # container name -> most bytes seen
         self.peak_disk: dict[str, int] = {}  # container name -> largest writable layer seen
@@ -288,6 +297,18 @@ class Monitor:
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self.sample)
+            r = self.rows[-1]
+            line = (
+                f"[full-shape] {r['t'] / 60:5.1f} min  {r['containers']} sandboxes "
+                f"({r['container_memory_mb']:.0f} MB)  {self.progress()}  driver "
+                f"{r['rss_mb']:.0f} MB  engine {r['engine_rss_mb']:.0f} MB  snapshots "
+                f"{r['snapshots']} ({r['snapshot_mb']:.0f} MB)  docker disk "
+                f"{r['docker_disk_gb']} GB  journal {1000 * r['journal_mb']:.0f} KB"
+            )
+            print(line, flush=True)
+            if self.log is not None:
+                with self.log.open("a") as f:
+                    f.write(time.strftime("%H:%M:%S ") + line + "\n")
             await asyncio.sleep(self.every_s)
 
 
@@ -375,8 +396,16 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     buf = GroupBuffer(Admission.resumed(B, S, 0))
     feed, groups = Feed(), {}
     client = docker.from_env()
-    monitor = Monitor(client, run_id, journal.path, args.sample_s)
     trajs: list[Trajectory] = []
+
+    def progress() -> str:
+        turns = sum(len(t.turns) for t in trajs)
+        solved = sum(t.reward == 1.0 for t in trajs)
+        return f"{len(trajs)} episodes back ({turns} turns, {solved} resolved), {len(steps)} steps"
+
+    monitor = Monitor(
+        client, run_id, journal.path, args.sample_s, out_dir / "progress.log", progress
+    )
     steps: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60 * args.minutes
     admitted = 0
@@ -477,6 +506,8 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     await asyncio.to_thread(monitor.sample)
     client.close()
     turns = sum(len(t.turns) for t in trajs)
+    control_ms = 1000 * (cpu1[0] - cpu0[0]) / max(turns, 1)
+    engine_ms = 1000 * (cpu1[1] - cpu0[1]) / max(turns, 1)
     infra = Counter(t.stop_reason.value for t in trajs if t.stop_reason in INFRA_STOP_REASONS)
     metrics = built.metrics
     return {
@@ -491,8 +522,9 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         "stop_reasons": dict(Counter(t.stop_reason.value for t in trajs)),
         "infra_failures": dict(infra),
         "errors": dict(Counter((t.error or "").splitlines()[0][:160] for t in trajs if t.error)),
-        "control_plane_ms_per_turn": round(1000 * (cpu1[0] - cpu0[0]) / max(turns, 1), 2),
-        "engine_ms_per_turn": round(1000 * (cpu1[1] - cpu0[1]) / max(turns, 1), 2),
+        "control_plane_ms_per_turn": round(control_ms, 2),
+        "engine_ms_per_turn": round(engine_ms, 2),
+        "extrapolated_512": extrapolate(control_ms, engine_ms),
         "tool_s_per_turn": stats([u.tool_seconds for t in trajs for u in t.turns]),
         "gen_s_per_turn": stats([u.gen_seconds for t in trajs for u in t.turns]),
         "init_s": stats([t.seconds.get("init", 0.0) for t in trajs]),
@@ -512,6 +544,22 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         "trainer_steps": steps,
         "timeline": monitor.rows,
     }
+
+
+def extrapolate(control_ms: float, engine_ms: float, sandboxes: int = 512) -> dict[str, Any]:
+    """CPU cores the control plane and the engine would need with `sandboxes` episodes in
+    flight on one node, if each turn costs what it cost here: an extrapolation, not a
+    measurement. A sandbox turns over once per generation plus tool call; on a GPU node
+    that is seconds (here the 2 CPUs stretch it), so the rate is a stated assumption."""
+    out: dict[str, Any] = {"sandboxes": sandboxes, "assumes": "per-turn CPU as measured here"}
+    for turn_s in (2.0, 5.0, 10.0):
+        rate = sandboxes / turn_s
+        out[f"turn_{turn_s:g}s"] = {
+            "turns_per_s": round(rate, 1),
+            "control_plane_cores": round(rate * control_ms / 1000, 2),
+            "engine_cores": round(rate * engine_ms / 1000, 2),
+        }
+    return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

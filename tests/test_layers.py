@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
         "view",
         "tinker_server",
         "doctor",
+        "atif",
     ],
     ["dispatch"],
     ["episode"],

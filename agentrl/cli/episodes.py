@@ -1,6 +1,6 @@
 # Over 400 lines: the commands on episodes (run, check, replay, failures, view) share printing.
-"""`agentrl run`, `check`, `replay`, `failures` and `view`: episodes of tasks, and what they
-left."""
+"""`agentrl run`, `check`, `replay`, `failures`, `view` and `export-trajectories`: episodes
+of tasks, and what they left."""
 
 from __future__ import annotations
 
@@ -386,6 +386,15 @@ def _print_replay(report: ReplayReport) -> int:
 
 def _note_divergence(turn: int) -> None:
     err_console.print(tag("note:", "yellow", f"turn {turn} diverged on the way"))
+
+
+def export_trajectories(args: argparse.Namespace) -> int:
+    from agentrl.atif import export_run
+
+    out = args.out or args.run_dir / "atif"
+    n = export_run(args.run_dir, out)
+    console.print(f"wrote {n} ATIF trajectories under {out}")
+    return 0
 
 
 def failures(args: argparse.Namespace) -> int:

@@ -215,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vw.set_defaults(func=episodes.view)
 
+    ex = sub.add_parser(
+        "export-trajectories", help="a run's episodes in another format (ATIF: one JSON each)"
+    )
+    ex.add_argument("run_dir", type=Path, help="a folder `agentrl run`, `eval` or `train` wrote")
+    ex.add_argument("--format", choices=["atif"], default="atif", help="ATIF v1.8 (the default)")
+    ex.add_argument("--out", type=Path, help="where to write them (default RUN_DIR/atif)")
+    ex.set_defaults(func=episodes.export_trajectories)
+
     fl = sub.add_parser("failures", help="a run's failed episodes, grouped, with replay commands")
     fl.add_argument("run_dir", type=Path)
     fl.add_argument("--all", action="store_true", help="a replay command for every episode")

@@ -301,10 +301,11 @@ def check_paths(
 ) -> list[CheckRow]:
     """`agentrl check` over task files and folders: the rows of every instance."""
     from agentrl.episode import make_env
-    from agentrl.tasks.formats import load_any
+    from agentrl.tasks.formats import expand, load_any
     from agentrl.tasks.select import select_instances
 
-    tasks = [select_instances(load_any(p), instances, strict=False) for p in paths]
+    # a dataset folder: each of its tasks
+    tasks = [select_instances(load_any(p), instances, strict=False) for p in expand(paths)]
     if instances and not any(t.instances for t in tasks):
         from agentrl.errors import ConfigError
 

@@ -261,12 +261,17 @@ def load_train(path: str | Path) -> TrainInputs:
         base = Path(path).parent
         named = [("tasks", i, t) for i, t in enumerate(config.tasks)]
         named += [("eval", i, t) for i, t in enumerate(config.eval.tasks)]
+        from agentrl.tasks.formats import expand
+
+        wanted = 0
         for key, i, name in named:
             loc: Loc = ("tasks", i) if key == "tasks" else ("eval", "tasks", i)
-            task = _load_task(base / name, name, loc, file)
-            if task is not None:
-                (tasks if key == "tasks" else held).append(task)
-        if len(tasks) + len(held) == len(named):  # the split needs every task
+            for each in expand([base / name]):  # a dataset folder: each of its tasks
+                wanted += 1
+                task = _load_task(each, name, loc, file)
+                if task is not None:
+                    (tasks if key == "tasks" else held).append(task)
+        if len(tasks) + len(held) == wanted:  # the split needs every task
             _check_start(config, tasks, held, file)
         return config
 

@@ -90,7 +90,10 @@ def _no_update(summary: dict[str, Any]) -> str | None:
 
 
 def validate(args: argparse.Namespace) -> int:
-    fixes = [fix for path in args.files if (fix := _validate_one(path, args.model)) is not None]
+    from agentrl.tasks.formats import expand
+
+    paths = expand(args.files)  # a dataset folder: each of its tasks
+    fixes = [fix for path in paths if (fix := _validate_one(path, args.model)) is not None]
     for fix in dict.fromkeys(fixes):
         err_console.print(tag("fix:", "yellow", fix))
     return 1 if fixes else 0

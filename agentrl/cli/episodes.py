@@ -27,6 +27,35 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
+    """One task; a dataset folder runs each of its tasks into a folder of its own under
+    --out (the exit code is the worst of theirs)."""
+    from agentrl.tasks.formats import expand
+
+    paths = expand([args.task])
+    if len(paths) == 1 and paths[0] == Path(args.task):
+        return _run_one(args, paths[0], args.out)
+    base = args.out or Path("runs") / f"{Path(args.task).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ids = instance_ids(args.instances)
+    if ids:
+        from agentrl.tasks.formats import load_any
+
+        paths = [p for p in paths if {i.id for i in load_any(p).instances} & set(ids)]
+        if not paths:
+            raise ConfigError(
+                f"no task of {args.task} has instance {', '.join(ids)}",
+                fix="leave out --instances, or name instances the dataset's tasks have",
+            )
+    console.print(f"{args.task}: a dataset of {len(paths)} tasks, each run into {base}/<task>")
+    again = "--resume" if args.out else f"--out {base} --resume"
+    codes = [_run_one(args, p, base / p.name, again=again) for p in paths]
+    return max(codes)
+
+
+def _run_one(
+    args: argparse.Namespace, path: Path, out: Path | None, *, again: str | None = None
+) -> int:
+    """`agentrl run` of the task at `path` into `out`; `again`: the flags that continue
+    it after Ctrl-C (default: --resume, with --out where it was not given)."""
     from pydantic import TypeAdapter
 
     from agentrl.cli.evaluate import _policy_name
@@ -38,11 +67,14 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.tasks.formats import load_any
     from agentrl.tasks.select import select_instances, with_overrides
 
-    task = select_instances(load_any(args.task), instance_ids(args.instances))
+    task = load_any(path)
+    task = select_instances(task, instance_ids(args.instances), strict=path == Path(args.task))
     overrides = limit_overrides(args)
     task = with_overrides(task, overrides, agent=agent_override(args))
-    out = args.out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    _claim(out, resume=args.resume, overwrite=args.overwrite)
+    out = out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # in a dataset, --resume goes on with the tasks begun and starts the others
+    resume = args.resume and (path == Path(args.task) or out.is_dir())
+    _claim(out, resume=resume, overwrite=args.overwrite)
     snapshots = None
     if args.snapshots is not None:
         policy = task.spec.snapshots
@@ -78,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(go())
     except KeyboardInterrupt:
-        _how_to_continue(out, given=args.out is not None)
+        _how_to_continue(out, again or ("--resume" if args.out else f"--out {out} --resume"))
         raise
     table = Table(title=f"agentrl run {task.spec.name} -> {out}")
     table.add_column("metric")
@@ -136,7 +168,7 @@ def _claim(out: Path, *, resume: bool, overwrite: bool) -> None:
         )
 
 
-def _how_to_continue(out: Path, *, given: bool) -> None:
+def _how_to_continue(out: Path, flags: str) -> None:
     """After Ctrl-C: what the interrupted run recorded, and the flags that continue it."""
     from agentrl.runner import SUMMARY, RunSummary
 
@@ -146,7 +178,6 @@ def _how_to_continue(out: Path, *, given: bool) -> None:
         return  # interrupted before any episode ran: nothing to continue
     if summary.complete:
         return
-    flags = "--resume" if given else f"--out {out} --resume"
     asked = summary.episodes + summary.missing
     err_console.print(
         f"{summary.episodes} of {asked} episodes are recorded in {out} (summary.json "

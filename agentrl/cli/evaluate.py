@@ -103,11 +103,11 @@ def evaluate(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> list[Task]:
     """The tasks, their instances selected, limits and temperature overridden; two tasks
     may not share a name or an instance id (an attempt's trajectory id would be ambiguous)."""
-    from agentrl.tasks.formats import load_any
+    from agentrl.tasks.formats import expand, load_any
     from agentrl.tasks.select import select_instances, with_overrides
 
     ids = instance_ids(args.instances)
-    tasks = [load_any(p) for p in args.tasks]
+    tasks = [load_any(p) for p in expand(args.tasks)]  # a dataset folder: each of its tasks
     if ids:
         have = {i.id for t in tasks for i in t.instances}
         if unknown := [i for i in ids if i not in have]:

@@ -4,7 +4,9 @@ hands it to its reader.
 - a folder with `task.toml` (Harbor), or a `task.yaml` that is a Terminal-Bench task (an
   `instruction:`): `tasks.terminal`;
 - `.json` / `.jsonl` rows (SWE-bench, SWE-Gym, SWE-smith, R2E-Gym): `tasks.swe`;
-- a `.yaml` / `.yml` task file, or a folder whose `task.yaml` is one: `tasks.load`.
+- a `.yaml` / `.yml` task file, or a folder whose `task.yaml` is one: `tasks.load`;
+- a dataset folder (a folder of Harbor or Terminal-Bench task folders): `expand` turns
+  it into its tasks wherever a command takes several, and `load_any` refuses it.
 
 `task_yaml_kind(folder)` is the one place a folder's `task.yaml` is told apart: by its
 top-level keys, read from its lines (no YAML parse: the reader that follows reports
@@ -19,7 +21,9 @@ train config never loads torch.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -27,13 +31,42 @@ from agentrl.errors import ConfigError
 from agentrl.tasks.spec import Task, TaskSpec
 from agentrl.textfile import MAX_BYTES, regular_file
 
-Kind = Literal["task", "task-folder", "rows", "train-config", "trajectories"]
+Kind = Literal["task", "task-folder", "dataset", "rows", "train-config", "trajectories"]
 
 TASK_SUFFIXES = (".yaml", ".yml")
 ROWS_SUFFIXES = (".json", ".jsonl")
 HEAD_BYTES = 4096
 ROW_KEYS = ('"instance_id"', '"repo_name"', '"docker_image"')
 """A key that opens every dataset's rows (R2E-Gym's have no instance_id)."""
+
+
+def dataset_tasks(folder: str | Path) -> list[Path]:
+    """The task folders of a dataset folder, sorted: a folder that is no task itself (no
+    task.toml, no task.yaml) whose subfolders are Harbor or Terminal-Bench tasks, as
+    Harbor's `harbor run --path` takes a local dataset (`terminal-bench@2.0` downloaded is
+    one). Empty when `folder` is not one."""
+    p = Path(folder)
+    if not p.is_dir() or (p / "task.toml").exists() or (p / "task.yaml").exists():
+        return []
+    found = []
+    for child in sorted(p.iterdir()):
+        if not child.is_dir():
+            continue
+        if (child / "task.toml").is_file():
+            found.append(child)
+        elif (child / "task.yaml").is_file():
+            with contextlib.suppress(ConfigError):
+                if task_yaml_kind(child) == "task-folder":
+                    found.append(child)
+    return found
+
+
+def expand(paths: Sequence[str | Path]) -> list[Path]:
+    """`paths` with each dataset folder replaced by its task folders (in order)."""
+    out: list[Path] = []
+    for path in paths:
+        out.extend(dataset_tasks(path) or [Path(path)])
+    return out
 
 
 def kind_of(path: str | Path) -> Kind:
@@ -45,7 +78,9 @@ def kind_of(path: str | Path) -> Kind:
     """
     p = Path(path)
     if p.is_dir():
-        return "task-folder" if (p / "task.toml").is_file() else task_yaml_kind(p)
+        if (p / "task.toml").is_file():
+            return "task-folder"
+        return "dataset" if dataset_tasks(p) else task_yaml_kind(p)
     if p.exists():
         regular_file(p)  # a FIFO or a device is refused before its head is read
     if p.suffix in TASK_SUFFIXES:
@@ -113,6 +148,13 @@ def load_any(path: str | Path) -> Task:
         from agentrl.tasks.load import load_task
 
         return load_task(task_file(path))
+    if kind == "dataset":
+        tasks = dataset_tasks(path)
+        raise ConfigError(
+            f"{path} is a dataset of {len(tasks)} tasks ({', '.join(t.name for t in tasks[:3])}"
+            f"{', ...' if len(tasks) > 3 else ''}), not one task",
+            fix=f"name one of its task folders, e.g. {tasks[0]}",
+        )
     if kind == "train-config":
         raise ConfigError(f"{path} is a train config, not a task", fix=f"agentrl train {path}")
     raise ConfigError(

@@ -118,3 +118,51 @@ def test_run_and_check_take_the_genuine_harbor_dataset(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     (row,) = json.loads((tmp_path / "c.json").read_text())
     assert row["ok"], row
+
+
+def _harbor_task(folder: Path, toml: str) -> Path:
+    (folder / "environment").mkdir(parents=True)
+    (folder / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nWORKDIR /app\n")
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (folder / "instruction.md").write_text("Do the thing.\n")
+    (folder / "task.toml").write_text(toml)
+    return folder
+
+
+def test_storage_and_the_environments_variables_are_honoured(tmp_path: Path) -> None:
+    task = load_any(
+        _harbor_task(
+            tmp_path / "t",
+            'version = "1.1"\n[environment]\ncpus = 2\nmemory = "3G"\nstorage = "4G"\n'
+            '[environment.env]\nMODE = "strict"\n[verifier.env]\nLEVEL = "2"\n',
+        )
+    )
+    box = task.spec.sandbox
+    assert (box.cpus, box.memory_mb, box.disk_mb) == (2.0, 3072, 4096)
+    assert box.env == {"MODE": "strict"} and box.workdir == "/app"
+    assert task.instances[0].fields["verifier_env"] == {"LEVEL": "2"}
+
+
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ('[[steps]]\nname = "one"\n', "steps: multi-step tasks"),
+        ("[environment]\ngpus = 1\n", "environment.gpus: tasks that need GPUs"),
+        ('[verifier]\nenvironment_mode = "separate"\n', "verifier.environment_mode"),
+        ('[verifier.environment]\ndocker_image = "x"\n', "verifier.environment: a verifier"),
+    ],
+)
+def test_what_would_grade_otherwise_than_harbor_is_refused_not_ignored(
+    tmp_path: Path, toml: str, said: str
+) -> None:
+    folder = _harbor_task(tmp_path / "t", 'version = "1.1"\n' + toml)
+    with pytest.raises(ConfigError, match=said) as e:
+        load_any(folder)
+    assert "\n" not in e.value.message and e.value.fix
+    # `shared` is what agentrl does: the same task loads
+    if "environment_mode" in toml:
+        (folder / "task.toml").write_text(
+            'version = "1.1"\n[verifier]\nenvironment_mode = "shared"\n'
+        )
+        assert load_any(folder).spec.name == "t"

@@ -166,6 +166,7 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         raise ConfigError(f"{root} has no instruction.md (or it is empty)")
     if not (root / "tests" / "test.sh").is_file():
         raise ConfigError(f"{root} has no tests/test.sh", fix="add it (Harbor layout)")
+    _refuse_unsupported(data, root / "task.toml")
     environment = _table(data, "environment")
     image = environment.get("docker_image") or None
     dockerfile = root / "environment" / "Dockerfile"
@@ -179,6 +180,8 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
         workdir=workdir or WORKDIR_OF_IMAGE,
         cpus=float(environment.get("cpus", 1)),
         memory_mb=_memory_mb(environment),
+        disk_mb=_mib(environment, "storage", "10G"),
+        env={str(k): str(v) for k, v in _table(environment, "env").items()},
         network=environment.get("allow_internet") is True,
     )
     verifier = _table(data, "verifier")
@@ -265,11 +268,40 @@ def _workdir(dockerfile: Path) -> str | None:
 
 
 def _memory_mb(environment: dict[str, Any]) -> int:
-    if "memory_mb" in environment:
-        return int(environment["memory_mb"])
-    memory = str(environment.get("memory", "2048M"))  # older task.toml files: "2G"
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", memory, re.IGNORECASE)
+    return _mib(environment, "memory", "2048M")
+
+
+def _mib(environment: dict[str, Any], key: str, default: str) -> int:
+    """`key`_mb, or `key` as older task.toml files write it ("2G", "10G")."""
+    if f"{key}_mb" in environment:
+        return int(environment[f"{key}_mb"])
+    text = str(environment.get(key, default))
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if match is None:
-        raise ConfigError(f"task.toml: environment.memory: cannot read {memory!r}", fix='e.g. "2G"')
+        raise ConfigError(f"task.toml: environment.{key}: cannot read {text!r}", fix='e.g. "2G"')
     scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
     return max(64, int(float(match.group(1)) * scale))
+
+
+UNSUPPORTED = (
+    (("steps",), "multi-step tasks ([[steps]]) are not supported", "run each step as a task"),
+    (("environment", "gpus"), "tasks that need GPUs are not supported", "drop environment.gpus"),
+    (("environment", "mcp_servers"), "MCP servers beside the task are not supported", None),
+    (("verifier", "environment"), "a verifier environment of its own is not supported", None),
+    (("verifier", "environment_mode"), "a separate verifier environment is not supported", None),
+)
+"""What of Harbor's task.toml would change how an episode runs or is graded and agentrl
+does not do: refused, never ignored (a task graded otherwise than Harbor grades it is a
+wrong reward)."""
+
+
+def _refuse_unsupported(data: dict[str, Any], path: Path) -> None:
+    for keys, what, fix in UNSUPPORTED:
+        value: Any = data
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value not in (None, [], {}, 0, "shared"):
+            raise ConfigError(
+                f"{path}: {'.'.join(keys)}: {what}",
+                fix=fix or "agentrl grades one sandbox per episode from the task's own image",
+            )

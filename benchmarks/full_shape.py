@@ -64,6 +64,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ from agentrl.tasks.swe.testbed import testbed_tag as image_tag
 from agentrl.tools.bash import BashTool
 from agentrl.train.admission import Admission, Group, GroupBuffer
 from agentrl.train.branches import collect_group
-from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory
+from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory
 
 RESULTS = Path(__file__).parent / "results"
 LATENCY = LatencyModel()
@@ -375,6 +376,29 @@ async def _one_level(provider: DockerProvider, image: str, level: int) -> dict[s
 # --- phase 2: the rehearsal ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Back:
+    """What the report needs of an episode that came back. The trajectory itself is let
+    go, as a run lets it go once written, so the driver's memory over time is agentrl's
+    and not this benchmark's list of every episode (a SWE episode's ledger is MBs)."""
+
+    turns: list[tuple[float, float]]  # (tool seconds, generation seconds) of each turn
+    reward: float | None
+    stop_reason: StopReason
+    error: str | None
+    seconds: dict[str, float]
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> Back:
+        return cls(
+            turns=[(u.tool_seconds, u.gen_seconds) for u in traj.turns],
+            reward=traj.reward,
+            stop_reason=traj.stop_reason,
+            error=traj.error,
+            seconds=dict(traj.seconds),
+        )
+
+
 async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[str, Any]:
     import docker
 
@@ -396,7 +420,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     buf = GroupBuffer(Admission.resumed(B, S, 0))
     feed, groups = Feed(), {}
     client = docker.from_env()
-    trajs: list[Trajectory] = []
+    trajs: list[Back] = []
 
     def progress() -> str:
         turns = sum(len(t.turns) for t in trajs)
@@ -483,7 +507,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     try:
         async with aclosing(built.run(feed)) as stream:
             async for traj in stream:
-                trajs.append(traj)
+                trajs.append(Back.of(traj))
                 live.pop(traj.trajectory_id, None)
                 journal.closed(traj.task, traj.trajectory_id)  # as a run records it
                 if (group := collect_group(traj, groups, feed, None)) is not None:
@@ -525,8 +549,8 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         "control_plane_ms_per_turn": round(control_ms, 2),
         "engine_ms_per_turn": round(engine_ms, 2),
         "extrapolated_512": extrapolate(control_ms, engine_ms),
-        "tool_s_per_turn": stats([u.tool_seconds for t in trajs for u in t.turns]),
-        "gen_s_per_turn": stats([u.gen_seconds for t in trajs for u in t.turns]),
+        "tool_s_per_turn": stats([tool for t in trajs for tool, _ in t.turns]),
+        "gen_s_per_turn": stats([gen for t in trajs for _, gen in t.turns]),
         "init_s": stats([t.seconds.get("init", 0.0) for t in trajs]),
         "eval_s": stats([t.seconds.get("eval", 0.0) for t in trajs]),
         "slot_utilisation_mean": metrics.utilisation_mean if metrics else None,

@@ -283,3 +283,87 @@ def export_run(run_dir: Path, out: Path) -> int:
             atomic.write_text(folder / f"{_file_name(traj.trajectory_id)}.json", text)
             written += 1
     return written
+
+
+def _text(message: Any) -> str:
+    """A step's message as text (a multimodal one's text parts)."""
+    if isinstance(message, str):
+        return message
+    return "\n".join(p.text for p in message or [] if getattr(p, "text", None))
+
+
+def viewed(doc: dict[str, Any], fallback_id: str) -> tuple[Trajectory, str]:
+    """An ATIF document as the viewer shows it, and the text that opened it (its system
+    and user steps before the first agent step). One this package wrote is its trajectory
+    exactly (`from_atif`). Another tool's is made a record to look at, not one to train
+    on, and is not checked: its agent steps are the turns (reply, first tool call, the
+    results; a user or system step after one is appended to its observation), its token
+    ids the ledger where every agent step has them, its reward `final_metrics.extra.reward`
+    where it gives one (ATIF has no reward field), its stop reason `finished`."""
+    try:
+        parsed = m.Trajectory.model_validate(doc)
+    except ValueError as e:
+        raise TrajectoryError(f"not an ATIF trajectory: {str(e).splitlines()[0]}") from e
+    first_agent = next((k for k, s in enumerate(parsed.steps) if s.source == "agent"), None)
+    opening_steps = parsed.steps if first_agent is None else parsed.steps[:first_agent]
+    opening = "\n\n".join(f"[{s.source}] {_text(s.message)}" for s in opening_steps)
+    if (parsed.extra or {}).get(KEY) is not None:
+        return from_atif(parsed), opening
+    agent = [s for s in parsed.steps if s.source == "agent"]
+    ids = [s.metrics.completion_token_ids if s.metrics else None for s in agent]
+    prompt = agent[0].metrics.prompt_token_ids if agent and agent[0].metrics else None
+    tokens = bool(agent) and bool(prompt) and all(ids)
+    ledger = Segment(reason="start", prompt_ids=list(prompt or []) if tokens else [])
+    turns: list[Turn] = []
+    for step in parsed.steps[len(opening_steps) :]:
+        if step.source != "agent":  # what the agent was told next
+            if turns:
+                extra = f"\n[{step.source}] {_text(step.message)}"
+                turns[-1] = turns[-1].model_copy(
+                    update={"observation": turns[-1].observation + extra}
+                )
+            continue
+        start = len(ledger.response_ids)
+        if tokens and step.metrics is not None:
+            got = list(step.metrics.completion_token_ids or [])
+            lps = step.metrics.logprobs or []
+            ledger.response_ids.extend(got)
+            ledger.loss_mask.extend([1] * len(got))
+            ledger.logprobs.extend(lps if len(lps) == len(got) else [0.0] * len(got))
+            ledger.token_versions.extend([0] * len(got))
+        calls = step.tool_calls or []
+        names = {c.tool_call_id: c.function_name for c in calls}
+        results = step.observation.results if step.observation else []
+        shown = [
+            (f"[{names.get(r.source_call_id or '', 'result')}] " if len(results) > 1 else "")
+            + _text(r.content)
+            for r in results
+        ]
+        reply = _text(step.message)
+        if step.reasoning_content:
+            reply = f"[reasoning] {step.reasoning_content}\n{reply}"
+        turns.append(
+            Turn(
+                action=reply,
+                tool_call=ToolCall(name=calls[0].function_name, arguments=calls[0].arguments)
+                if calls
+                else None,
+                observation="\n".join(shown),
+                span=(start, len(ledger.response_ids)),
+            )
+        )
+    final = (parsed.final_metrics.extra or {}) if parsed.final_metrics else {}
+    reward = final.get("reward")
+    tid = parsed.trajectory_id or parsed.session_id or fallback_id
+    return (
+        Trajectory.from_ledgers(
+            [ledger],
+            trajectory_id=tid,
+            group_id=parsed.session_id or tid,
+            task=parsed.agent.name,
+            reward=float(reward) if isinstance(reward, int | float) else None,
+            stop_reason="finished",
+            turns=turns,
+        ),
+        opening,
+    )

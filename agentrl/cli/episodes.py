@@ -508,9 +508,11 @@ def view(args: argparse.Namespace) -> int:
     from agentrl.cli.serving import serve_until_stopped
     from agentrl.view.export import export
     from agentrl.view.folder import RunFolder
+    from agentrl.view.imported import import_atif, is_foreign
     from agentrl.view.server import ViewServer
 
-    folder = RunFolder(args.run_dir, model=args.model)
+    root = import_atif(args.run_dir) if is_foreign(args.run_dir) else args.run_dir
+    folder = RunFolder(root, model=args.model)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
     with Progress(*columns, console=err_console, transient=True) as bars:
         task = bars.add_task("indexing", total=None)

@@ -206,7 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     vw = sub.add_parser(
         "view", help="a run in the browser: metrics, the episodes table, one episode's tokens"
     )
-    vw.add_argument("run_dir", type=Path, help="a folder `agentrl run`, `eval` or `train` wrote")
+    vw.add_argument(
+        "run_dir",
+        type=Path,
+        help="a folder `agentrl run`, `eval` or `train` wrote, or ATIF trajectories (a .json "
+        "file or a folder of them) another tool wrote",
+    )
     vw.add_argument("--port", type=_port, default=8400, help="port (0 picks a free one)")
     vw.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     vw.add_argument("--model", help="whose tokenizer the ids are in (default: run.json's model)")

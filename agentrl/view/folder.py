@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.batch import finite
 from agentrl.errors import ConfigError, first_line
 from agentrl.trajectory import BRANCHES, INFRA_STOP_REASONS, Trajectory, run_files
+from agentrl.view.imported import imported
 from agentrl.view.index import COLUMNS, EpisodeIndex, record
 
 SUMMARY, CONVERSATIONS = "summary.json", "conversations.jsonl"  # agentrl.runner's, unimported
@@ -109,6 +110,8 @@ class RunFolder:
                 fix="pass a folder that `agentrl run`, `agentrl eval` or `agentrl train` wrote",
             )
         self.root = root.resolve()
+        self.imported = imported(self.root)
+        """What `agentrl view` imported into this folder (another tool's ATIF), or None."""
         self.model = model
         self.files: dict[str, RunFile] = {}
         self._lock = threading.RLock()
@@ -224,6 +227,8 @@ class RunFolder:
         """Whether the run has ended: it wrote its last file (summary.json; an evaluation,
         results.json) and changed none of its episodes or metrics after that (a resumed
         run does; replay branches, added any time, do not count)."""
+        if self.imported is not None:
+            return True  # another tool's episodes, read once: nothing more comes
         last = self.root / ("results.json" if self.kind == "eval" else SUMMARY)
         try:
             ended = last.stat().st_mtime
@@ -256,8 +261,9 @@ class RunFolder:
                 for f in self.files.values()
             ]
             finished = self.finished()
+        source = (self.imported or {}).get("source")
         return {
-            "name": self.root.name,
+            "name": Path(source).name if source else self.root.name,
             "dir": str(self.root),
             "kind": self.kind,
             "files": files,
@@ -311,6 +317,8 @@ class RunFolder:
                     fix="pick an episode from the table",
                 )
             raw = f.index.line(row)
+        if self.imported is not None:  # another tool's episodes: to look at, not to check
+            return Trajectory.model_validate_json(raw)
         return Trajectory.from_json(raw, where=f"{f.path}: row {row}")
 
     def episode(self, file_id: str, row: int) -> dict[str, Any]:
@@ -355,7 +363,8 @@ class RunFolder:
             "grade": self._grade(file_id, traj),
             "parent": parent,
             "branches": branches,
-            "replay": self.replay_commands(traj),
+            "replay": [] if self.imported is not None else self.replay_commands(traj),
+            "prompt_text": (self.imported or {}).get("prompts", {}).get(traj.trajectory_id),
         }
 
     def _grade(self, file_id: str, traj: Trajectory) -> Any:
@@ -440,6 +449,12 @@ class RunFolder:
         if self._token_note is not None:
             return None
         model = self.model or self._recorded_model()
+        if model is None and self.imported is not None:
+            self._token_note = (
+                f"imported from {self.imported.get('source')}: its token ids are shown as "
+                "ids; fix: agentrl view FILE --model MODEL_FOLDER (the model that made them)"
+            )
+            return None
         if model is None:
             self._token_note = (
                 "run.json names no model (written before agentrl recorded it): token ids only; "

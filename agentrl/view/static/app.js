@@ -1313,9 +1313,11 @@
         kv('stop', el('span', null, t.stop_reason, infra ? el('span', {class: 'badge infra', text: 'infra'}) : null)),
         kv('turns', String((t.turns || []).length)),
         kv('seconds', secText),
-        kv('env', [env.image, env.provider, env.node ? 'node ' + env.node : 'this machine'].filter(Boolean).join(' · ')),
+        ep.prompt_text != null ? kv('from', 'an ATIF document ' + t.task + ' wrote')
+          : kv('env', [env.image, env.provider, env.node ? 'node ' + env.node : 'this machine'].filter(Boolean).join(' · ')),
         env.init_snapshot ? kv('init snapshot', env.init_snapshot) : null,
-        t.agent ? kv('agent', agentInfo(t.agent)) : kv('agent', 'agentrl loop', 'muted')));
+        ep.prompt_text != null ? null
+          : t.agent ? kv('agent', agentInfo(t.agent)) : kv('agent', 'agentrl loop', 'muted')));
     if (t.error || t.fix) {
       append(head, el('div', {class: 'infra-error'},
         t.error ? el('div', null, el('strong', {text: infra ? 'infrastructure error: ' : 'error: '}), t.error) : null,
@@ -1461,6 +1463,11 @@
   function taskPrompt(ep) {
     const ids = ep.trajectory.prompt_ids || [];
     const texts = ep.tokens && ep.tokens[0] ? ep.tokens[0].prompt : null;
+    if (ep.prompt_text != null) {  // an imported ATIF document: its opening steps, as written
+      return el('details', {id: 'task-prompt', class: 'task-prompt', open: true},
+        el('summary', {text: 'task prompt (the document\'s opening steps)'}),
+        el('pre', {class: 'wrap', text: ep.prompt_text}));
+    }
     const text = texts ? texts.join('') : ids.join(' ');
     return el('details', {id: 'task-prompt', class: 'task-prompt'},
       el('summary', {text: 'task prompt (' + ids.length + ' tokens' + (texts ? '' : ', ids only') + ')'}),

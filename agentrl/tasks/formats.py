@@ -80,6 +80,11 @@ def kind_of(path: str | Path) -> Kind:
     if p.is_dir():
         if (p / "task.toml").is_file():
             return "task-folder"
+        if (p / "openenv.yaml").is_file() and not (p / "task.yaml").is_file():
+            raise ConfigError(
+                f"{p} is an OpenEnv environment (openenv.yaml): agentrl does not load those yet",
+                fix="wrap it in an agentrl task.yaml (docs/tasks.md), or a Harbor task folder",
+            )
         return "dataset" if dataset_tasks(p) else task_yaml_kind(p)
     if p.exists():
         regular_file(p)  # a FIFO or a device is refused before its head is read

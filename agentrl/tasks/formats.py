@@ -83,7 +83,7 @@ def kind_of(path: str | Path) -> Kind:
         if (p / "openenv.yaml").is_file() and not (p / "task.yaml").is_file():
             raise ConfigError(
                 f"{p} is an OpenEnv environment (openenv.yaml): agentrl does not load those yet",
-                fix="wrap it in an agentrl task.yaml (docs/tasks.md), or a Harbor task folder",
+                fix="not in this version: docs/tasks.md#imported-formats lists what loads",
             )
         return "dataset" if dataset_tasks(p) else task_yaml_kind(p)
     if p.exists():

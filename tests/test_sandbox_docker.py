@@ -583,3 +583,31 @@ def test_a_stopped_container_of_a_live_run_is_its_owners_not_the_reapers(run_id:
             await sandbox.close()
 
     asyncio.run(go())
+
+
+def test_a_graded_sandbox_is_let_go_once_closed(run_id: str) -> None:
+    """Sealing moves the sandbox to its grading copy's container: the exit backstop then
+    holds it under the copy's id alone, and nothing once it is closed. Before, the
+    agent's id stayed behind, and with it every graded sandbox (its shells, its output
+    buffers) until the process ended: 4 MB an episode in the full-shape rehearsal."""
+    import gc as collector
+    import weakref
+
+    from agentrl.sandbox.docker.reap import backstop
+    from agentrl.sandbox.seal import GradeScope
+
+    async def main() -> weakref.ref[DockerSandbox]:
+        sandbox = await DockerProvider(reap_at_start=False).start(
+            SandboxSpec(run_id=run_id, workdir="/workspace")
+        )
+        agent = sandbox._id
+        await sandbox.exec(ExecRequest(command="echo hi > /workspace/a"))
+        await sandbox.seal(GradeScope(outputs=("/workspace",)))
+        assert agent not in backstop._live and sandbox._id in backstop._live
+        await sandbox.close()
+        assert sandbox._id not in backstop._live
+        return weakref.ref(sandbox)
+
+    ref = asyncio.run(main())
+    collector.collect()
+    assert ref() is None  # nothing holds the sandbox any more

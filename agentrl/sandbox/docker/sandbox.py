@@ -312,6 +312,9 @@ class DockerSandbox:
             with self._lock:  # close() removes both from now on
                 self._id, self.keepalive, self._host = copy.id, copy.keepalive, None
             copy.disown()
+            # One entry per sandbox, under its current id: left under the agent's, it held
+            # every graded sandbox (its shells, its output buffers) until the process ended.
+            backstop.discard(agent)
             backstop.add(self._id, self.close_now)
             return await self._call(grading.deliver, self._api, self._id, carried, scope, notes)
         finally:

@@ -442,7 +442,9 @@ def test_the_cli_serves_a_run_and_stops_cleanly_on_ctrl_c(tmp_path: Path):
         said = ""
         while "Ctrl-C stops" not in said:
             line = proc.stdout.readline()
-            assert line, proc.communicate(timeout=30)
+            if not line:  # it ended before serving: how (a signal is a negative code)
+                out, err = proc.communicate(timeout=30)
+                raise AssertionError(f"exit {proc.returncode}: {out!r} {err!r}")
             said += line
         found = re.search(r"http://127\.0\.0\.1:\d+/", said)
         assert found, said

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -113,6 +113,19 @@ def tinker_server(
 def bash_block(command: str) -> str:
     """A reply of a `bash_block` task's policy: `command` in one ```bash block."""
     return f"```bash\n{command}\n```\n"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium through Playwright, for the viewer's page tests."""
+    from playwright.sync_api import sync_playwright
+
+    from agentrl.tools.chromium import chromium_path
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path())
+        yield browser
+        browser.close()
 
 
 def labelled_containers(run_id: str) -> list[str]:

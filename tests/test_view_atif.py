@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,18 +102,6 @@ def login() -> Path:
     assert path is not None
     assert hashlib.sha256(path.read_bytes()).hexdigest() == LOGIN["sha256"]
     return path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    from agentrl.tools.chromium import chromium_path
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path())
-        yield browser
-        browser.close()
 
 
 @pytest.mark.corpus(LOGIN["local_path"])

@@ -42,18 +42,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    from agentrl.tools.chromium import chromium_path
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path())
-        yield browser
-        browser.close()
-
-
-@pytest.fixture(scope="module")
 def served(run: Path) -> Iterator[str]:
     folder = RunFolder(run)
     folder.refresh()

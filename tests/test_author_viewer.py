@@ -45,9 +45,8 @@ def test_every_key_of_the_episodes_url_is_documented() -> None:
     assert "#/episode/' + encodeURIComponent(file) + '/' + row" in app  # the route it documents
 
 
-# The browser and page fixtures of the viewer's browser tests (Chromium; a page whose
-# script errors fail the test).
-browser = test_view_browser.browser
+# The page fixture of the viewer's browser tests (a page whose script errors fail the
+# test), on conftest's Chromium.
 page = test_view_browser.page
 
 

@@ -110,8 +110,6 @@ def to_atif(
         }
         if (mask := _tokens(ledger, start, end, sampled=True).get("mask")) is not None:
             own["mask"] = mask
-        if traj.turn_rewards:
-            own["reward"] = traj.turn_rewards[k]
         call_id = f"call_{k + 1}"
         calls = None
         if turn.tool_call is not None:
@@ -179,6 +177,14 @@ def to_atif(
     )  # fmt: skip
 
 
+def _tool_call(step: Any) -> ToolCall | None:
+    """A step's first tool call as a turn records it (a turn holds one)."""
+    if not step.tool_calls:
+        return None
+    call = step.tool_calls[0]
+    return ToolCall(name=call.function_name, arguments=call.arguments)
+
+
 def _run(run: dict[str, Any], ledger: Segment, *, sampled: bool) -> None:
     """Append a `_tokens` run to `ledger` (the sampled defaults apply to the span's own)."""
     ids = run["ids"]
@@ -207,7 +213,6 @@ def from_atif(doc: m.Trajectory | dict[str, Any], *, where: str = "") -> Traject
         )
     ledgers = [Segment(reason=x["reason"], prompt_ids=x["prompt_ids"]) for x in root["ledgers"]]
     turns: list[Turn] = []
-    rewards: list[float] = []
     for s, spec in enumerate(root["ledgers"]):
         _run(spec["lead"], ledgers[s], sampled=False)
         if "rest" in spec:
@@ -225,22 +230,17 @@ def from_atif(doc: m.Trajectory | dict[str, Any], *, where: str = "") -> Traject
         if [start, len(ledger.response_ids)] != own["span"]:
             raise TrajectoryError(f"{prefix}step {step.step_id}: its tokens are not at its span")
         _run(own["after"], ledger, sampled=False)
-        call = step.tool_calls[0] if step.tool_calls else None
         results = step.observation.results if step.observation else []
         turns.append(
             Turn(
                 action=step.message if isinstance(step.message, str) else "",
-                tool_call=ToolCall(name=call.function_name, arguments=call.arguments)
-                if call
-                else None,
+                tool_call=_tool_call(step),
                 observation=str(results[0].content or "") if results else "",
                 span=(own["span"][0], own["span"][1]),
                 segment=own["segment"],
                 **{name: own[name] for name in _TURN},
             )
         )
-        if "reward" in own:
-            rewards.append(own["reward"])
     fields = {k: v for k, v in root.items() if k in _ROOT}
     traj = Trajectory.from_ledgers(
         ledgers,
@@ -345,9 +345,7 @@ def viewed(doc: dict[str, Any], fallback_id: str) -> tuple[Trajectory, str]:
         turns.append(
             Turn(
                 action=reply,
-                tool_call=ToolCall(name=calls[0].function_name, arguments=calls[0].arguments)
-                if calls
-                else None,
+                tool_call=_tool_call(step),
                 observation="\n".join(shown),
                 span=(start, len(ledger.response_ids)),
             )

@@ -84,6 +84,7 @@ def test_an_infrastructure_failure_keeps_its_zeroed_mask_through_atif() -> None:
         token_versions=[-1] * 4,
         stop_reason=StopReason.sandbox_error,
         turns=[Turn(action="ab", span=(0, 2), observation="")],
+        turn_rewards=[0.5],
         error="sandbox node w2 is gone",
     ).check()
     doc = to_atif(traj)

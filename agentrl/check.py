@@ -7,7 +7,9 @@ that training uses (INIT, then EVAL with its sealing and its reference rule):
   `oracle:` commands);
 - no-op: nothing runs.
 
-An instance passes when the oracle earns full reward (1.0) and the no-op less. An
+An instance passes when the oracle earns full reward (1.0) and the no-op less. A format
+with no reference solution (an OpenEnv environment: its server gives the rewards) has no
+oracle episode: its instance passes when the environment starts, resets and grades a no-op. An
 infrastructure failure (the sandbox did not start, the solution crashed, the tests did
 not run) is reported as such and fails the check. A failing instance gets a verdict of a
 few words, the lines of the grader's output that explain it (`explain`), the path of the
@@ -82,6 +84,8 @@ async def check_task(
     logs = logs or Path(tempfile.gettempdir()) / f"agentrl-check-{uuid.uuid4().hex[:8]}"
 
     async def one(instance: Instance) -> CheckRow:
+        if not env.has_reference:
+            return await _without_reference(env, instance, gate)
         async with gate:
             oracle, noop = await asyncio.gather(
                 _episode(env, instance, oracle=True), _episode(env, instance, oracle=False)
@@ -112,6 +116,25 @@ async def check_task(
         )
 
     return list(await asyncio.gather(*(one(i) for i in task.instances)))
+
+
+async def _without_reference(env: TaskEnv, instance: Instance, gate: asyncio.Semaphore) -> CheckRow:
+    """A no-op alone, for a format without a reference solution: it passes when the
+    sandbox starts and its grade comes back."""
+    async with gate:
+        noop = await _episode(env, instance, oracle=False)
+    ok = noop.error is None and noop.reward is not None
+    return CheckRow(
+        task=env.task.spec.name,
+        format=env.task.format,
+        instance=instance.id,
+        oracle=Outcome(),
+        noop=noop,
+        ok=ok,
+        verdict="pass (no oracle)" if ok else "no-op: sandbox error",
+        fix=None if ok else noop.fix or "see what `agentrl doctor` says",
+        notes=[f"{env.task.format} has no reference solution: the no-op alone is checked"],
+    )
 
 
 async def _episode(env: TaskEnv, instance: Instance, *, oracle: bool) -> Outcome:

@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from agentrl.trajectory import AgentInfo, StopReason, Turn
@@ -78,6 +78,8 @@ class Play:
     ledger: Ledger | None = None
     agent: AgentInfo | None = None
     """The external harness that played, recorded by the harness player."""
+    turn_rewards: dict[int, float] = field(default_factory=dict)
+    """Rewards the environment gave for turns (by index), where it gives them (OpenEnv)."""
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -86,6 +88,11 @@ class Play:
     def add_turn(self, turn: Turn) -> Turn:
         self.turns.append(turn)
         return turn
+
+    def reward_last_turn(self, reward: float | None) -> None:
+        """Record the environment's reward for the last turn (None: it gave none)."""
+        if reward is not None:
+            self.turn_rewards[len(self.turns) - 1] = float(reward)
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams

@@ -12,23 +12,27 @@ from typing import get_args
 
 import pytest
 
+from agentrl.tasks.formats import load_any
 from agentrl.tasks.load import check_task, load_task
 from agentrl.tasks.spec import Grader
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "tasks"
 BY_TYPE = {"command": "sum-columns", "pytest": "fix-stats", "python": "primes-script"}
-MODELS = get_args(get_args(Grader)[0])  # CommandGrader | PytestGrader | PythonGrader
+ENVIRONMENT = REPO / "examples" / "openenv" / "countdown_env"
+"""The environment grader's example: an OpenEnv folder (its steps' rewards; no oracle)."""
+MODELS = get_args(get_args(Grader)[0])  # CommandGrader | PytestGrader | ... | EnvironmentGrader
 
 
 def test_every_grader_type_has_a_valid_example_with_a_reference_solution() -> None:
     types = {get_args(model.model_fields["type"].annotation)[0] for model in MODELS}
-    assert set(BY_TYPE) == types
+    assert set(BY_TYPE) | {"environment"} == types
     for kind, name in BY_TYPE.items():
         path = EXAMPLES / name / "task.yaml"
         assert check_task(path) == [], name
         task = load_task(path)
         assert task.spec.grader.type == kind and task.spec.oracle, name
+    assert load_any(ENVIRONMENT).spec.grader.type == "environment"
 
 
 def test_the_docs_name_every_grader_key_and_example() -> None:

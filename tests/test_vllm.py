@@ -302,16 +302,30 @@ def check_versions(
 
 
 def test_a_publication_by_checkpoint_reaches_both_and_cut_replies_finish_under_it(
-    servers: list[VLLMServer], router: Router, tokenizer, base_state: dict[str, torch.Tensor]
+    servers: list[VLLMServer],
+    router: Router,
+    tokenizer,
+    base_state: dict[str, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # type: ignore[no-untyped-def]
     """Pause abort (the default): replies in flight are cut by the publication and finished
     by the router under the new weights; each token's version says which weights sampled it."""
     prompts = [chat(tokenizer, COUNT)] * 8
     calls = [(p, SamplingParams(max_tokens=400, seed=i), f"pub{i}") for i, p in enumerate(prompts)]
+    new = perturbed(base_state, 0.5)
+    # The checkpoint is written first, as a publication does before it pauses; written here
+    # ahead of the replies, so the pause comes a second into them whatever the disk's speed
+    # (written inside the publication, a fast machine finished all 8 before the pause).
+    control = router._control
+    folder = router._call(control._write(1, new))
+
+    async def written(version: int, state: object) -> Path:
+        return folder
+
+    monkeypatch.setattr(control, "_write", written)
     thread, results = in_background(router, calls)
     wait_until(lambda: sum(r["inflight"] for r in router.status()) == 8, 60, "8 requests in flight")
-    time.sleep(0.5)  # a few tokens each
-    new = perturbed(base_state, 0.5)
+    time.sleep(1.0)  # a few tokens each, far from 400
     router.update_weights(new, 1)
     thread.join(timeout=300)
     assert not thread.is_alive()

@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.cluster.local import NODE_RESOURCE, ClusterError
 from agentrl.cluster.worker import SandboxInfo, SandboxWorker, WorkerStatus
-from agentrl.errors import SandboxError, first_line
+from agentrl.errors import ConfigError, SandboxError, first_line
 from agentrl.sandbox.base import (
     ExecRequest,
     ExecResult,
@@ -35,7 +35,7 @@ from agentrl.sandbox.base import (
     Shell,
 )
 from agentrl.sandbox.seal import GradeScope
-from agentrl.tasks.env import build_tools
+from agentrl.tasks.env import Opening, build_tools
 from agentrl.tasks.evidence import Grade
 from agentrl.tasks.spec import Instance, Task
 from agentrl.tools.base import Observation, Tool
@@ -307,6 +307,15 @@ class RemoteTaskEnv:
         many at once: a node's capacity holds for them too)."""
         worker = await self.fleet.acquire(on=self.fleet.snapshots.get(snapshot_id))
         return await self._held(worker, "restore", self.task, instance, snapshot_id, name)
+
+    async def opening(self, sandbox: Sandbox, instance: Instance) -> Opening | None:
+        if self.task.format == "openenv":
+            raise ConfigError(
+                f"{self.task.spec.name}: OpenEnv environments run on this machine's Docker "
+                "engine, not on the cluster's nodes (not yet)",
+                fix="train it without `cluster:` in the train config",
+            )
+        return None
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
         if not isinstance(sandbox, RaySandbox):

@@ -24,11 +24,21 @@ if TYPE_CHECKING:
 
 
 def open_chat(
-    task: Task, instance: Instance, tools: dict[str, Tool], tokenizer: PreTrainedTokenizerBase
+    task: Task,
+    instance: Instance,
+    tools: dict[str, Tool],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    opening: str | None = None,
 ) -> ChatSession:
+    """The chat an episode starts from: the system prompt, the instance prompt, and after
+    it the environment's opening observation where the task's sandbox gives one."""
+    user = instance.render(task.spec.prompt.instance)
+    if opening is not None:
+        user = f"{user}\n\n{opening}" if user.strip() else opening
     messages = [
         {"role": "system", "content": instance.render(task.spec.prompt.system)},
-        {"role": "user", "content": instance.render(task.spec.prompt.instance)},
+        {"role": "user", "content": user},
     ]
     kwargs = task.spec.prompt.template_kwargs
     if task.spec.prompt.action_format == "bash_block":  # the system prompt explains the format

@@ -134,6 +134,7 @@ class Episode:
         self.ledger: Ledger = self.chat
         self.agent_info: AgentInfo | None = None
         self.turns: list[Turn] = []
+        self.turn_rewards: dict[int, float] = {}  # the environment's, by turn (OpenEnv)
         self.sandbox: Sandbox | None = None
         self.reward: float | None = None
         self.components: dict[str, Any] = {}
@@ -329,6 +330,8 @@ class Episode:
                         self.sandbox = await self._start()
             if self.sandbox is None:
                 return
+            if self.restore_from is None:
+                await self._opened(self.sandbox)
             if self._resumed_lengths is not None:  # a resume: its journal goes on from here
                 assert self.journal is not None
                 self.journal.resumed(len(self.turns), self._resumed_lengths)
@@ -360,6 +363,22 @@ class Episode:
             )
             self._afresh()
             return await self.env.init(self.instance, name=self.trajectory_id)
+
+    async def _opened(self, sandbox: Sandbox) -> None:
+        """Where the sandbox is an environment that opens the episode (an OpenEnv server's
+        reset observation, its actions as tools), the chat starts from that: nothing was
+        sampled yet."""
+        opening = await self.env.opening(sandbox, self.instance)
+        if opening is None:
+            return
+        if self.player.task_tools:
+            self.tools = opening.tools
+        self.chat = self.ledger = open_chat(
+            self.task, self.instance, self.tools, self.tokenizer, opening=opening.text
+        )
+        overflow = prompt_overflow(self.task, self.chat) if self.player.task_tools else None
+        if overflow is not None:
+            raise EpisodeAborted(f"{self.instance.id}: {overflow}", fix=PROMPT_FIX)
 
     def _afresh(self) -> None:
         """Forget what a resume inherited: the episode as the factory makes it fresh."""
@@ -415,6 +434,7 @@ class Episode:
             sampler_clock=self.waiting_on_sampler,
             settle=self._settle,
             snapshot_last_turn=self.snapshot_last_turn,
+            turn_rewards=self.turn_rewards,
         )
         try:
             with self.boundary("run"):
@@ -546,6 +566,9 @@ class Episode:
                 reward_components=self.components,
                 stop_reason=stop,
                 turns=turns,
+                turn_rewards=[self.turn_rewards.get(k, 0.0) for k in range(len(turns))]
+                if self.turn_rewards
+                else [],
                 scheduled_step=self.scheduled_step,
                 seconds={stage: round(s, 3) for stage, s in self.seconds.items()},
                 env=env_info,

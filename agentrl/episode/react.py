@@ -47,6 +47,7 @@ async def _react(ctx: Play) -> NoReturn:
         turn = await _sample(ctx, limits.max_new_tokens, "action")
         await ctx.settle()  # before the sandbox changes
         obs = await act(turn.action, task.spec.prompt.action_format, ctx.tools, sandbox, turn)
+        ctx.reward_last_turn(obs.reward)
         if obs.done:
             turn.observation = obs.text
             ctx.snapshot_last_turn()

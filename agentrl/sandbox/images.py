@@ -523,14 +523,76 @@ def _pull(ref: str) -> bool:
     return True
 
 
+def build_context(
+    context: Path,
+    tag: str,
+    *,
+    dockerfile: str,
+    bases: list[str],
+    buildargs: dict[str, str],
+    labels: dict[str, str],
+    progress: Progress | None = None,
+) -> str:
+    """Build the Dockerfile at `dockerfile` (relative to `context`) into `tag`, its `bases`
+    made present first (`ensure_base`); unless `tag` already carries `labels`' recipe hash.
+    For folders that are not recipes (an imported format's own layout)."""
+    emit = progress or logger.debug
+    client = docker_client(timeout=1800)
+    try:
+        with _tag_lock(tag):
+            # the bases first: a stand-in whose recipe changed is rebuilt, and so is this
+            made = {**labels, BASE_LABEL: ",".join(ensure_base(client, b, emit) for b in bases)}
+            found = _find(client, tag)
+            if found is not None and all(found.labels.get(k) == v for k, v in made.items()):
+                return found.id or ""
+            try:
+                image_id = _build_dockerfile(
+                    client, context, tag, made, emit, dockerfile=dockerfile, buildargs=buildargs
+                )
+            except DockerException as exc:
+                raise ImageBuildError(f"building {tag} failed: {exc}") from exc
+            if found is not None and found.id != image_id:
+                _remove_quietly(client, found.id or "")
+            return image_id
+    finally:
+        client.close()
+
+
+def ensure_base(client: docker.DockerClient, base: str, emit: Progress) -> str:
+    """The id of image `base`, made present first: a stale stand-in rebuilt, pulled, or built
+    from its stand-in recipe; ImageBuildError when none of them can."""
+    image = _fresh_base(client, base, emit)
+    if image is None and _pull(base):
+        image = _find(client, base)
+    if image is None and (standin := standin_recipes().get(base)) is not None:
+        emit(f"{base} is not present and cannot be pulled: building its stand-in {standin}")
+        return build_recipe(standin, base, progress=emit).id
+    if image is None:
+        raise ImageBuildError(
+            f"base image {base} is not present and cannot be pulled",
+            fix=f"`docker load` {base}, or add a stand-in recipe for it under "
+            f"{sandboxes_dir() / 'standins'}",
+        )
+    return image.id or ""
+
+
 def _build_dockerfile(
-    client: docker.DockerClient, folder: Path, tag: str, labels: dict[str, str], emit: Progress
+    client: docker.DockerClient,
+    folder: Path,
+    tag: str,
+    labels: dict[str, str],
+    emit: Progress,
+    *,
+    dockerfile: str | None = None,
+    buildargs: dict[str, str] | None = None,
 ) -> str:
     tail = deque[str](maxlen=15)
     image_id = None
     # docker tags the image only once every step succeeded; forcerm drops failed steps.
     for chunk in client.api.build(
         path=str(folder),
+        dockerfile=dockerfile,
+        buildargs=buildargs,
         tag=tag,
         labels=labels,
         rm=True,

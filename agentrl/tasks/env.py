@@ -21,6 +21,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -39,6 +40,15 @@ EVAL_NETWORK = "AGENTRL_EVAL_NETWORK"
 """Names the Docker network that grading may use (tasks whose grader allows it)."""
 AGENT_NETWORK = "AGENTRL_AGENT_NETWORK"
 """Names the Docker network the agent's turns may use (tasks whose sandbox asks for one)."""
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How an environment opens an episode after INIT: its first observation (after the
+    instance prompt) and the tools its actions are."""
+
+    text: str
+    tools: dict[str, Tool]
 
 
 class EpisodeEnv(Protocol):
@@ -64,6 +74,11 @@ class EpisodeEnv(Protocol):
     async def image(self) -> str: ...
 
     async def init(self, instance: Instance, name: str) -> Sandbox: ...
+
+    async def opening(self, sandbox: Sandbox, instance: Instance) -> Opening | None:
+        """The episode's opening where the sandbox is an environment that gives one (the
+        chat then starts from it); None: the task's prompt and tools as they are."""
+        ...
 
     async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade: ...
 
@@ -128,6 +143,14 @@ class TaskEnv:
     async def snapshots_named(self, name: str) -> list[str]:
         """This run's snapshots of sandboxes named `name`, newest first (the provider's)."""
         return await self.provider.snapshots_named(self.run_id, name)
+
+    async def opening(self, sandbox: Sandbox, instance: Instance) -> Opening | None:
+        return None
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the format has a reference solution (`run_oracle`) for `agentrl check`."""
+        return True
 
     async def image(self) -> str:
         """The image to start: named by the spec, or built from its recipe (once)."""

@@ -3,9 +3,10 @@ hands it to its reader.
 
 - a folder with `task.toml` (Harbor), or a `task.yaml` that is a Terminal-Bench task (an
   `instruction:`): `tasks.terminal`;
+- a folder with `openenv.yaml` (an OpenEnv environment): `tasks.openenv`;
 - `.json` / `.jsonl` rows (SWE-bench, SWE-Gym, SWE-smith, R2E-Gym): `tasks.swe`;
 - a `.yaml` / `.yml` task file, or a folder whose `task.yaml` is one: `tasks.load`;
-- a dataset folder (a folder of Harbor or Terminal-Bench task folders): `expand` turns
+- a dataset folder (a folder of Harbor, Terminal-Bench or OpenEnv folders): `expand` turns
   it into its tasks wherever a command takes several, and `load_any` refuses it.
 
 `task_yaml_kind(folder)` is the one place a folder's `task.yaml` is told apart: by its
@@ -31,7 +32,7 @@ from agentrl.errors import ConfigError
 from agentrl.tasks.spec import Task, TaskSpec
 from agentrl.textfile import MAX_BYTES, regular_file
 
-Kind = Literal["task", "task-folder", "dataset", "rows", "train-config", "trajectories"]
+Kind = Literal["task", "task-folder", "openenv", "dataset", "rows", "train-config", "trajectories"]
 
 TASK_SUFFIXES = (".yaml", ".yml")
 ROWS_SUFFIXES = (".json", ".jsonl")
@@ -45,14 +46,16 @@ def dataset_tasks(folder: str | Path) -> list[Path]:
     task.toml, no task.yaml) whose subfolders are Harbor or Terminal-Bench tasks, as
     Harbor's `harbor run --path` takes a local dataset (`terminal-bench@2.0` downloaded is
     one). Empty when `folder` is not one."""
+    from agentrl.tasks.openenv.load import MANIFEST, is_environment
+
     p = Path(folder)
-    if not p.is_dir() or (p / "task.toml").exists() or (p / "task.yaml").exists():
+    if not p.is_dir() or any((p / f).exists() for f in ("task.toml", "task.yaml", MANIFEST)):
         return []
     found = []
     for child in sorted(p.iterdir()):
         if not child.is_dir():
             continue
-        if (child / "task.toml").is_file():
+        if (child / "task.toml").is_file() or is_environment(child):
             found.append(child)
         elif (child / "task.yaml").is_file():
             with contextlib.suppress(ConfigError):
@@ -80,11 +83,10 @@ def kind_of(path: str | Path) -> Kind:
     if p.is_dir():
         if (p / "task.toml").is_file():
             return "task-folder"
-        if (p / "openenv.yaml").is_file() and not (p / "task.yaml").is_file():
-            raise ConfigError(
-                f"{p} is an OpenEnv environment (openenv.yaml): agentrl does not load those yet",
-                fix="not in this version: docs/tasks.md#imported-formats lists what loads",
-            )
+        from agentrl.tasks.openenv.load import is_environment
+
+        if is_environment(p):
+            return "openenv"
         return "dataset" if dataset_tasks(p) else task_yaml_kind(p)
     if p.exists():
         regular_file(p)  # a FIFO or a device is refused before its head is read
@@ -145,6 +147,10 @@ def load_any(path: str | Path) -> Task:
         from agentrl.tasks.terminal.load import load_terminal_task
 
         return load_terminal_task(path)
+    if kind == "openenv":
+        from agentrl.tasks.openenv.load import load_openenv
+
+        return load_openenv(path)
     if kind == "rows" or (kind == "trajectories" and not Path(path).exists()):
         from agentrl.tasks.swe.rows import load_swe_bench  # it says the file is missing
 

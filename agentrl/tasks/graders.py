@@ -61,8 +61,15 @@ async def grade(task: Task, instance: Instance, sandbox: Sandbox) -> Grade:
         reward, components, evidence = await _command(grader, instance, sandbox)
     elif isinstance(grader, PytestGrader):
         reward, components, evidence = await _pytest(grader, instance, sandbox)
-    else:
+    elif isinstance(grader, PythonGrader):
         reward, components, evidence = await _python(grader, instance, sandbox, task.base_dir)
+    else:
+        raise ConfigError(
+            f"{task.path}: grader type environment takes the rewards of an environment's "
+            "steps, and this task's sandbox is no environment",
+            fix="use it with an OpenEnv environment (docs/tasks.md#openenv-environments), or "
+            "grade with a command, pytest or python grader",
+        )
     return Grade(
         reward=reward,
         components=components,

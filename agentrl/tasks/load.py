@@ -318,6 +318,12 @@ class _Loader(YamlFile):
 
     def _grader(self, spec: TaskSpec, instances: list[Instance]) -> None:
         grader = spec.grader
+        if grader.type == "environment":
+            self.add(
+                ("grader", "type"),
+                "type environment grades the steps of an OpenEnv environment, and a task "
+                "file's sandbox is none: load the environment's folder (openenv.yaml) itself",
+            )
         if isinstance(grader, PythonGrader):
             from agentrl.tasks.graders import load_function
 

@@ -206,7 +206,21 @@ class PythonGrader(_GraderBase):
     )
 
 
-Grader = Annotated[CommandGrader | PytestGrader | PythonGrader, Field(discriminator="type")]
+class EnvironmentGrader(_GraderBase):
+    """The environment's own rewards: each step's reward, as the environment's server gave
+    it (an OpenEnv environment: `agentrl.tasks.openenv`), is the turn's reward; the
+    episode's is their sum, or the last one given. Nothing runs at EVAL."""
+
+    type: Literal["environment"]
+    reward: Literal["sum", "last"] = Field(
+        default="sum",
+        description="the episode's reward: the sum of its steps' rewards, or the last one",
+    )
+
+
+Grader = Annotated[
+    CommandGrader | PytestGrader | PythonGrader | EnvironmentGrader, Field(discriminator="type")
+]
 
 
 class SamplingDefaults(_Model):

@@ -33,6 +33,9 @@ class Observation(BaseModel):
     error: bool = Field(default=False, description="the call failed (bad arguments, timeout...)")
     done: bool = Field(default=False, description="the episode ends (finish/submit)")
     answer: str | None = Field(default=None, description="the agent's final answer, if done")
+    reward: float | None = Field(
+        default=None, description="the environment's reward for this step (OpenEnv), if it gave one"
+    )
 
 
 class Tool(Protocol):

@@ -181,11 +181,20 @@ def read_until(shell: Shell, pattern: bytes, timeout: float) -> re.Match[bytes]:
     return found
 
 
-def sigint_as_a_terminal_sends() -> None:
-    """Popen's preexec_fn for a child the test sends Ctrl-C: SIGINT back to its default,
-    so Python installs its KeyboardInterrupt handler. A suite started in the background
-    (`pytest &` in a script, nohup) runs with SIGINT ignored, the child inherits that, and
-    Python then leaves it ignored: the child never sees the test's Ctrl-C."""
-    import signal
+def sigint_as_a_terminal_sends(argv: list[str]) -> list[str]:
+    """`argv` for a child the test sends Ctrl-C: run by a Python that first puts SIGINT back
+    to its default, then execs it (so Python there installs its KeyboardInterrupt
+    handler). A suite started in the background (`pytest &` in a script, nohup) runs with
+    SIGINT ignored, the child inherits that, and Python then leaves it ignored: the child
+    never sees the test's Ctrl-C.
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    Not a `preexec_fn`: that runs Python in the forked child before exec, and in a worker
+    that has loaded torch, pyarrow and the rest it crashed there with SIGSEGV (faulthandler
+    showed the child in `_execute_child`), late in full suites."""
+    import sys
+
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *argv]

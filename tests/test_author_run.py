@@ -117,8 +117,8 @@ def test_ctrl_c_writes_the_summary_and_resume_finishes_the_run(tmp_path: Path) -
     command = [sys.executable, "-m", "agentrl.cli", "run", str(TASK), "--out", str(out)]
     command += ["--policy", f"scripted:{script}", "--concurrency", "1"]
     proc = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ,
-        preexec_fn=sigint_as_a_terminal_sends,
+        sigint_as_a_terminal_sends(command), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env=os.environ,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr or []], daemon=True).start()

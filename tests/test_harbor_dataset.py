@@ -166,10 +166,3 @@ def test_what_would_grade_otherwise_than_harbor_is_refused_not_ignored(
             'version = "1.1"\n[verifier]\nenvironment_mode = "shared"\n'
         )
         assert load_any(folder).spec.name == "t"
-
-
-def test_an_openenv_folder_is_named_as_one_and_not_loaded_yet(tmp_path: Path) -> None:
-    (tmp_path / "openenv.yaml").write_text("spec_version: 1\nname: echo_env\n")
-    done = agentrl("validate", tmp_path)
-    assert done.returncode == 1
-    assert "is an OpenEnv environment (openenv.yaml)" in done.stderr and "fix:" in done.stderr

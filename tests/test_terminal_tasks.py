@@ -84,6 +84,7 @@ def test_task_loads(folder: Path) -> None:
     )
 
 
+@pytest.mark.conformance  # CI's conformance stage: every shipped task's oracle and no-op
 @pytest.mark.parametrize("folder", TASKS, ids=lambda p: p.name)
 def test_oracle_earns_one_and_doing_nothing_zero(folder: Path, run_id: str) -> None:
     task = load_terminal_task(folder)

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import glob
 import logging
 import os
 import re
 import shutil
-import signal
+import struct
 import subprocess
+import sys
 import tempfile
+import termios
 import threading
 import time
 import uuid
 from pathlib import Path, PurePosixPath
 
-import pexpect
+from pexpect.fdpexpect import fdspawn
 
 from agentrl.errors import SandboxError, SandboxFileNotFound, SnapshotGone
 from agentrl.sandbox.base import (
@@ -244,17 +247,29 @@ class LocalSandbox:
         it and everything in its session."""
         self._check_open()
         env = {**self._env({}), "TERM": self._spec.env.get("TERM", "xterm")}  # as docker's tty
-        child = pexpect.spawn(
-            argv[0],
-            argv[1:],
-            cwd=str(self.path(self._spec.workdir)),
-            env=env,
-            encoding=None,
-            dimensions=SHELL_DIMENSIONS,
-            use_poll=True,
-            preexec_fn=_default_signals,
-        )
-        return LocalShell(child, self._shells)
+        master, slave = os.openpty()
+        try:
+            rows, cols = SHELL_DIMENSIONS
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            # No Python runs between fork and exec (no preexec_fn, no pexpect.spawn): in a
+            # process holding torch and the rest, Python in a forked child can crash there.
+            # A fresh interpreter takes the pty as its terminal, then execs the shell.
+            process = subprocess.Popen(
+                [sys.executable, "-c", _ON_THE_PTY, *argv],
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=str(self.path(self._spec.workdir)),
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        spawn = fdspawn(master, encoding=None, maxread=1 << 16, use_poll=True)
+        return LocalShell(spawn, self._shells, process)
 
     async def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -343,13 +358,25 @@ class LocalSandbox:
 
 
 class LocalShell(PtyShell):
-    """A `shell()` of a `LocalSandbox`: a child process on a pty of this machine."""
+    """A `shell()` of a `LocalSandbox`: a child process on a pty of this machine, the
+    leader of its own session."""
+
+    def __init__(
+        self, spawn: fdspawn, opened: set[PtyShell], process: subprocess.Popen[bytes]
+    ) -> None:
+        super().__init__(spawn, opened)
+        self._process = process
+
+    def alive(self) -> bool:
+        return not self._closed and self._process.poll() is None
 
     def release(self) -> None:
-        """SIGKILL the shell and every process in its session; idempotent."""
-        if not self._closed and self._spawn.pid is not None:  # once: the pid may be reused
-            kill_session(self._spawn.pid)
-        super().release()  # pexpect's close(force=True) reaps the shell
+        """SIGKILL the shell and every process in its session, and reap it; idempotent."""
+        if not self._closed:  # once: the pid may be reused after the reap
+            kill_session(self._process.pid)
+            super().release()  # closes the pty's master
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
 
 
 class _Collector(asyncio.SubprocessProtocol):
@@ -376,13 +403,16 @@ def _write(target: Path, data: bytes, mode: int) -> None:
     target.chmod(mode)
 
 
-def _default_signals() -> None:
-    """In the shell's child process: default dispositions, as a login shell would have.
-
-    A parent started in the background by a non-interactive shell ignores SIGINT and
-    SIGQUIT, and Python ignores SIGPIPE; ignored signals survive exec, so without this
-    the shell's commands would ignore Ctrl-C (a timed-out command could never be
-    interrupted) and `yes | head` would complain about broken pipes.
-    """
-    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
+_ON_THE_PTY = """
+import fcntl, os, signal, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
+    signal.signal(sig, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+"""Run by a fresh Python as the shell's session leader: its pty becomes its controlling
+terminal (Ctrl-C there reaches the foreground job), then default signal dispositions, as a
+login shell would have (a parent started in the background by a non-interactive shell
+ignores SIGINT and SIGQUIT, and Python ignores SIGPIPE; ignored signals survive exec, so
+without this the shell's commands would ignore Ctrl-C and `yes | head` would complain
+about broken pipes), then the shell itself, in its place (same pid)."""

@@ -216,6 +216,9 @@ def test_validate_check_and_run_the_countdown_from_the_cli(tmp_path: Path) -> No
     assert '"name": "count"' in text and "the next number, counting down to 1" in text
     assert traj.turns[1].observation == "message: wrong: the next number is 2\nremaining: 2"
     traj.check()
+    # conversations.jsonl: what the model saw, the opening observation included
+    (seen,) = [json.loads(x) for x in (tmp_path / "solved" / "conversations.jsonl").open()]
+    assert "Count down from 3 to 1" in json.dumps(seen["messages"])
     # The server gone at the agent's hand: graded on what came before, trained on.
     (broken,) = run(
         COUNTDOWN, tmp_path / "broken", call("count", number=3), call("count", number=-1)

@@ -21,6 +21,7 @@ from agentrl.inference.scripted import ScriptedSampler, load_script
 from agentrl.runner import run_task
 from agentrl.sandbox.docker import SNAPSHOT_OF, DockerProvider, gc
 from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.shell import spawn_on_pty
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import SnapshotPolicy, Task
 from agentrl.trajectory import Trajectory, TrajectoryStore
@@ -226,28 +227,18 @@ def test_branching_from_turn_2_keeps_the_original_prefix(
 
 def test_shell_opens_in_the_restored_sandbox_and_failures_lists_the_episode(broken) -> None:
     out, traj = broken
-    child = pexpect.spawn(  # poll: a worker late in the suite holds descriptors past 1024
-        sys.executable,
-        [
-            "-m",
-            "agentrl.cli",
-            "replay",
-            str(out),
-            traj.trajectory_id,
-            "--from-turn",
-            "4",
-            "--shell",
-        ],
-        timeout=120,
-        encoding="utf-8",
-        use_poll=True,
+    argv = [sys.executable, "-m", "agentrl.cli", "replay", str(out), traj.trajectory_id]
+    # on a terminal, as a person runs it (spawned with no Python between fork and exec)
+    child, process = spawn_on_pty(
+        [*argv, "--from-turn", "4", "--shell"], cwd=None, env=None, size=(24, 200)
     )
-    child.expect(r"[#$] ")
-    child.sendline("cat /app/wordfreq.py; exit")
-    child.expect("raise SystemExit")
+    child.timeout = 120
+    child.expect(rb"[#$] ")
+    child.sendline(b"cat /app/wordfreq.py; exit")
+    child.expect(b"raise SystemExit")
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0
+    assert process.wait(timeout=60) == 0
 
     res = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "failures", str(out)],

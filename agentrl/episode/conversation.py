@@ -119,10 +119,13 @@ def seen_messages(
     task: Task, traj: Trajectory, tokenizer: PreTrainedTokenizerBase
 ) -> list[dict[str, Any]]:
     """What the model saw, as messages: agentrl's own episodes rebuilt through the chat
-    template; an external harness's as each segment's tokens decoded (its messages were
-    the harness's: the ledger is what the model saw of them)."""
+    template; an external harness's, and one whose rebuild is not what was recorded (an
+    environment opened it: its first observation and tools came from its server), as each
+    segment's tokens decoded (the ledger is what the model saw)."""
     if traj.agent is None:
-        return conversation(task, traj, tokenizer).messages
+        chat = conversation(task, traj, tokenizer)
+        if rebuilds(traj, chat):
+            return chat.messages
     return [
         {
             "role": f"segment {k} ({s.reason})",

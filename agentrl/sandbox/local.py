@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import glob
 import logging
 import os
 import re
 import shutil
-import struct
 import subprocess
-import sys
 import tempfile
-import termios
 import threading
 import time
 import uuid
@@ -42,7 +38,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.procs import ExitBackstop, count_marked, kill_marked, kill_session, tree_bytes
 from agentrl.sandbox.seal import GradeScope
-from agentrl.sandbox.shell import PtyShell
+from agentrl.sandbox.shell import PtyShell, spawn_on_pty
 
 log = logging.getLogger(__name__)
 
@@ -247,28 +243,9 @@ class LocalSandbox:
         it and everything in its session."""
         self._check_open()
         env = {**self._env({}), "TERM": self._spec.env.get("TERM", "xterm")}  # as docker's tty
-        master, slave = os.openpty()
-        try:
-            rows, cols = SHELL_DIMENSIONS
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            # No Python runs between fork and exec (no preexec_fn, no pexpect.spawn): in a
-            # process holding torch and the rest, Python in a forked child can crash there.
-            # A fresh interpreter takes the pty as its terminal, then execs the shell.
-            process = subprocess.Popen(
-                [sys.executable, "-c", _ON_THE_PTY, *argv],
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                cwd=str(self.path(self._spec.workdir)),
-                env=env,
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(master)
-            raise
-        finally:
-            os.close(slave)
-        spawn = fdspawn(master, encoding=None, maxread=1 << 16, use_poll=True)
+        spawn, process = spawn_on_pty(
+            argv, cwd=str(self.path(self._spec.workdir)), env=env, size=SHELL_DIMENSIONS
+        )
         return LocalShell(spawn, self._shells, process)
 
     async def read_file(self, path: str) -> bytes:
@@ -401,18 +378,3 @@ def _write(target: Path, data: bytes, mode: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     target.chmod(mode)
-
-
-_ON_THE_PTY = """
-import fcntl, os, signal, sys, termios
-fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
-    signal.signal(sig, signal.SIG_DFL)
-os.execvp(sys.argv[1], sys.argv[1:])
-"""
-"""Run by a fresh Python as the shell's session leader: its pty becomes its controlling
-terminal (Ctrl-C there reaches the foreground job), then default signal dispositions, as a
-login shell would have (a parent started in the background by a non-interactive shell
-ignores SIGINT and SIGQUIT, and Python ignores SIGPIPE; ignored signals survive exec, so
-without this the shell's commands would ignore Ctrl-C and `yes | head` would complain
-about broken pipes), then the shell itself, in its place (same pid)."""

@@ -6,8 +6,15 @@ pexpect stays behind this class: callers see bytes, a timeout and `EOFError`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import struct
+import subprocess
+import sys
+import termios
 
 import pexpect
+from pexpect.fdpexpect import fdspawn
 from pexpect.spawnbase import SpawnBase
 
 READ_BYTES = 1 << 16
@@ -51,3 +58,45 @@ class PtyShell:
         self._opened.discard(self)
         with contextlib.suppress(Exception):
             self._spawn.close()
+
+
+ON_THE_PTY = """
+import fcntl, os, signal, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
+    signal.signal(sig, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+"""Run by a fresh Python, the child's session leader: the pty becomes its terminal (Ctrl-C
+reaches the foreground job), signals go back to their defaults (ignored ones survive exec:
+a background parent ignores SIGINT, Python SIGPIPE), then it execs `argv` (same pid)."""
+
+
+def spawn_on_pty(
+    argv: list[str], *, cwd: str | None, env: dict[str, str] | None, size: tuple[int, int]
+) -> tuple[fdspawn, subprocess.Popen[bytes]]:
+    """`argv` on a new pty of this machine (`size`: rows, columns; echo on), the leader of
+    its own session: pexpect on the pty's master, and the process.
+
+    No Python runs between fork and exec (no `preexec_fn`, no `pexpect.spawn`, whose
+    ptyprocess runs Python in the child): in a process holding torch, pyarrow and the rest,
+    Python in a forked child has crashed there with SIGSEGV."""
+    master, slave = os.openpty()
+    try:
+        rows, cols = size
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        process = subprocess.Popen(
+            [sys.executable, "-c", ON_THE_PTY, *argv],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return fdspawn(master, encoding=None, maxread=1 << 16, use_poll=True), process

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
 ROOT = Path(__file__).parent.parent
 COUNTDOWN = ROOT / "examples" / "openenv" / "countdown_env"
+COUNTDOWN_TASK = ROOT / "examples" / "openenv" / "countdown.yaml"
 REASONING_GYM, MAZE, ECHO = "openenv/reasoning_gym_env", "openenv/maze_env", "openenv/echo_env"
 MAZE_PATH = [3, 3, 3, 3, 1, 1, 3, 3, 1, 3, 1, 1, 1, 1]
 """The shortest way from (0, 0) to the exit (7, 7) of the maze the environment ships."""
@@ -229,6 +231,57 @@ def test_validate_check_and_run_the_countdown_from_the_cli(tmp_path: Path) -> No
     assert any(m == 1 for m in broken.loss_mask)
 
 
+def test_a_task_file_names_an_environment_and_its_instances_reset_it(tmp_path: Path) -> None:
+    """`environment:` in a task file: its instances' fields are reset()'s arguments, the
+    prompt is the task's; what would act beside the environment's server is refused."""
+    task = load_any(COUNTDOWN_TASK)
+    assert (task.format, task.env) == ("openenv", "agentrl.tasks.openenv.env:OpenEnvTaskEnv")
+    assert [(i.id, i.fields) for i in task.instances] == [
+        ("from-2", {"start": 2}),
+        ("from-4", {"start": 4}),
+    ]
+    bad = tmp_path / "bad.yaml"
+    shutil.copytree(COUNTDOWN, tmp_path / "countdown_env")
+    text = COUNTDOWN_TASK.read_text()
+    for edit, words in [
+        (("tools: [finish]", "tools: [finish, bash]"), "tools: may add finish or submit, not bash"),
+        (
+            ("grader: {type: environment}", "grader: {type: command, command: 'true'}"),
+            "graded by its steps",
+        ),
+        (
+            ("tools: [finish]", "tools: [finish]\nsandbox: {setup: [ls]}"),
+            "no sandbox.image, recipe",
+        ),
+        (("environment: countdown_env", "environment: elsewhere"), "no OpenEnv environment folder"),
+    ]:
+        bad.write_text(text.replace(*edit))
+        done = agentrl("validate", bad)
+        assert done.returncode == 1 and words in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.conformance
+@pytest.mark.model
+def test_a_task_file_runs_its_instances_on_the_environment(tmp_path: Path) -> None:
+    trajs = run(
+        COUNTDOWN_TASK,
+        tmp_path / "run",
+        call("count", number=2),
+        call("count", number=1),
+        call("finish"),
+    )
+    by_id = {t.group_id: t for t in trajs}
+    two, four = by_id["from-2"], by_id["from-4"]
+    assert two.stop_reason.value == "finished" and two.reward == 2.0
+    assert "Count down to 1 (instance from-2)." in prompt_text(two)
+    assert "Count down from 2 to 1" in prompt_text(two)
+    assert "Count down from 4 to 1" in prompt_text(four)
+    assert four.turn_rewards == [-0.5, -0.5, 0.0] and four.reward == -1.0
+    assert four.stop_reason.value == "finished"  # its finish call
+
+
 @pytest.mark.docker
 @pytest.mark.conformance
 @pytest.mark.model
@@ -276,6 +329,20 @@ def test_reasoning_gym_as_published_scores_the_answer(tmp_path: Path) -> None:
     (right,) = run(folder, tmp_path / "right", call("reasoning_gym", answer=revealed.group(1)))
     assert right.reward == 1.0 and right.turn_rewards == [1.0]
     assert right.stop_reason.value == "finished"
+    # A task file around it: one question per instance, from reset()'s arguments.
+    shutil.copytree(folder, tmp_path / "task" / "reasoning_gym_env")
+    task = tmp_path / "task" / "legs.yaml"
+    task.write_text(
+        "name: legs\nenvironment: reasoning_gym_env\ninstances:\n"
+        "  - {id: s1, dataset_name: leg_counting, seed: 1, size: 1}\n"
+        "  - {id: s2, dataset_name: leg_counting, seed: 2, size: 1}\n"
+        "prompt: {system: Answer with the reasoning_gym tool., instance: 'Question {id}:'}\n"
+        "tools: [finish]\ngrader: {type: environment}\n"
+    )
+    asked = {t.group_id: prompt_text(t) for t in run(task, tmp_path / "legs", call("finish"))}
+    legs = r"how many legs are there in total if you have ([^?]+)"
+    found = {k: m.group(1) for k, v in asked.items() if (m := re.search(legs, v))}
+    assert len(found) == 2 and found["s1"] != found["s2"], asked
 
 
 @pytest.mark.docker

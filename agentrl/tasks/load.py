@@ -126,6 +126,10 @@ class _Loader(YamlFile):
             instances=instances,
             hash=self._hash(spec),
         )
+        if spec.environment is not None:  # an OpenEnv environment's runtime plays it
+            from agentrl.tasks.openenv.load import ENV_RUNTIME
+
+            task = task.model_copy(update={"env": ENV_RUNTIME, "format": "openenv"})
         return task, []
 
     def _instances(self, spec: TaskSpec) -> list[Instance]:
@@ -309,6 +313,19 @@ class _Loader(YamlFile):
                     self.add(loc, _not_found(src, path, "beside the task"))
                 elif not (path.is_file() or path.is_dir()):
                     self.add(loc, f"{src!r} is not a regular file or folder (a FIFO, a device?)")
+        if (env := spec.environment) is not None and self._beside(env, ("environment",)):
+            from agentrl.tasks.openenv.load import MANIFEST
+
+            if not (self.base / env / MANIFEST).is_file():
+                self.add(
+                    ("environment",), f"{env!r} is no OpenEnv environment folder (no {MANIFEST})"
+                )
+            elif not any(
+                (self.base / env / p).is_file() for p in ("server/Dockerfile", "Dockerfile")
+            ):
+                self.add(
+                    ("environment",), f"{env!r} has no server/Dockerfile to build its image from"
+                )
         if (recipe := spec.sandbox.recipe) and self._beside(recipe, ("sandbox", "recipe")):
             folder = self.base / recipe
             if not folder.is_dir():
@@ -318,12 +335,6 @@ class _Loader(YamlFile):
 
     def _grader(self, spec: TaskSpec, instances: list[Instance]) -> None:
         grader = spec.grader
-        if grader.type == "environment":
-            self.add(
-                ("grader", "type"),
-                "type environment grades the steps of an OpenEnv environment, and a task "
-                "file's sandbox is none: load the environment's folder (openenv.yaml) itself",
-            )
         if isinstance(grader, PythonGrader):
             from agentrl.tasks.graders import load_function
 
@@ -378,6 +389,8 @@ class _Loader(YamlFile):
         paths += [self.base / src for src in copied]
         if spec.sandbox.recipe:
             paths.append(self.base / spec.sandbox.recipe)
+        if spec.environment:
+            paths.append(self.base / spec.environment)
         if isinstance(spec.grader, PythonGrader):  # a grader module beside the task, if any
             module = spec.grader.function.partition(":")[0]
             beside = self.base.joinpath(*module.split(".")).with_suffix(".py")

@@ -374,6 +374,39 @@ class TaskSpec(_Model):
         description="the reference solution: shell commands (with {field} placeholders) that "
         "solve an instance when run in its sandbox after INIT; `agentrl check` runs them",
     )
+    environment: str | None = Field(
+        default=None,
+        description="an OpenEnv environment folder (openenv.yaml) beside the task: its server "
+        "is the sandbox, its actions are the tools (`tools:` may add finish or submit), each "
+        "instance's fields are the arguments of its reset(); graded by `type: environment`",
+    )
+
+    @model_validator(mode="after")
+    def _environment_fits(self) -> TaskSpec:
+        if self.environment is None:
+            if self.grader.type == "environment":
+                raise ValueError(
+                    "grader type environment grades an OpenEnv environment's steps: name its "
+                    "folder in `environment:`"
+                )
+            return self
+        if self.grader.type != "environment":
+            raise ValueError(
+                "an environment: task is graded by its steps: grader: {type: environment}"
+            )
+        other = [c.name for c in self.tool_configs() if c.name not in ("finish", "submit")]
+        if other:
+            raise ValueError(
+                f"an environment's actions are its tools; tools: may add finish or submit, not "
+                f"{', '.join(other)} (they would act on the environment's own container)"
+            )
+        box = self.sandbox
+        if box.image or box.recipe or box.files or box.setup or self.oracle or self.agent:
+            raise ValueError(
+                "an environment: task's sandbox is the environment's own image: no "
+                "sandbox.image, recipe, files or setup, no oracle, no agent"
+            )
+        return self
 
     @model_validator(mode="after")
     def _context_fits(self) -> TaskSpec:

@@ -27,7 +27,6 @@ import json
 import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, SandboxBroken, SandboxError, one_line
@@ -35,7 +34,7 @@ from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider
 from agentrl.tasks.env import Opening, TaskEnv, build_tools
 from agentrl.tasks.evidence import Evidence, Grade, truncate
 from agentrl.tasks.openenv.image import build_env_image
-from agentrl.tasks.openenv.load import server_port
+from agentrl.tasks.openenv.load import environment_folder, manifest, server_port
 from agentrl.tasks.openenv.session import AGENT_ERRORS, RELAY, EnvError, EnvSession, SessionLost
 from agentrl.tasks.spec import EnvironmentGrader, Instance, Task
 from agentrl.tools.base import Observation, Tool
@@ -165,9 +164,8 @@ class OpenEnvTaskEnv(TaskEnv):
                 f"{self.provider_name} provider starts none",
                 fix="use the docker provider",
             )
-        tag = await asyncio.to_thread(
-            build_env_image, Path(self.task.base_dir), self.task.spec.name
-        )
+        folder = environment_folder(self.task)
+        tag = await asyncio.to_thread(build_env_image, folder, manifest(folder).name)
         self._command, self._workdir = await asyncio.to_thread(_server_command, tag)
         return tag
 

@@ -89,6 +89,7 @@ def load_openenv(folder: Path | str) -> Task:
         tools=["finish"],
         limits=EpisodeLimits(max_turns=16, max_new_tokens=512),
         grader=EnvironmentGrader(type="environment"),
+        environment=".",
     )
     return Task(
         spec=spec,
@@ -101,5 +102,10 @@ def load_openenv(folder: Path | str) -> Task:
     )
 
 
+def environment_folder(task: Task) -> Path:
+    """The environment's folder: the one loaded, or the one a task file names."""
+    return (Path(task.base_dir) / (task.spec.environment or ".")).resolve()
+
+
 def server_port(task: Task) -> int:
-    return manifest(Path(task.base_dir)).port
+    return manifest(environment_folder(task)).port

@@ -5,10 +5,12 @@ or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`.
 
 The suite runs in two pytest-xdist workers, one test file at a time each, in file-name
 order (pyproject.toml addopts: `-n 2 --dist loadfile --no-loadscope-reorder`; `-n 0` runs it
-in one process). Keep that order: each worker then runs its files in the order a serial run
-does. Run in another order (xdist's default, most tests first), the bash tool's pty shells
-crashed in their fork (faulthandler: Segmentation fault in pty.fork, in the child) in a
-worker that had run other files first, every later fork in that worker too."""
+in one process): each worker runs its files in the order a serial run does. That order was
+first kept because pty shells crashed in their fork in a worker that had run other files
+first (faulthandler: Segmentation fault in pty.fork, in the child): Python run in a forked
+child of a process holding torch and the rest. Nothing forks that way any more
+(`agentrl.sandbox.shell.spawn_on_pty`, `sigint_as_a_terminal_sends`); the order stays, for
+runs that compare."""
 
 from __future__ import annotations
 

@@ -12,9 +12,11 @@ of OpenEnv's base image (sandboxes/standins/openenv-base)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,13 @@ from clirun import agentrl
 from agentrl import corpus
 from agentrl.errors import SandboxBroken
 from agentrl.inference.embedded import load_tokenizer
+from agentrl.sandbox.base import Sandbox
 from agentrl.sandbox.docker.provider import DockerProvider
+from agentrl.tasks.env import Opening
 from agentrl.tasks.formats import dataset_tasks, kind_of, load_any
 from agentrl.tasks.openenv.env import OpenEnvTaskEnv
 from agentrl.tasks.openenv.image import bases
+from agentrl.tasks.spec import Instance
 from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
 ROOT = Path(__file__).parent.parent
@@ -119,33 +124,40 @@ def test_the_base_images_of_a_published_dockerfile_are_its_arg_defaults() -> Non
 # -- agentrl's own countdown environment -------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def countdown(
+    run_id: str,
+) -> AsyncIterator[tuple[OpenEnvTaskEnv, Sandbox, Instance, Opening]]:
+    """The countdown's first instance started (INIT) and opened; its sandbox closed after."""
+    task = load_any(COUNTDOWN)
+    env = OpenEnvTaskEnv(task, DockerProvider(), run_id)
+    instance = task.instances[0]
+    sandbox = await env.init(instance, "countdown")
+    try:
+        opening = await env.opening(sandbox, instance)
+        assert opening is not None
+        yield env, sandbox, instance, opening
+    finally:
+        await sandbox.close()
+
+
 @pytest.mark.docker
 @pytest.mark.conformance
-def test_steps_rewards_done_and_refused_actions() -> None:
+def test_steps_rewards_done_and_refused_actions(run_id: str) -> None:
     """Through the environment's tool: each step's reward and observation, an action that
     does not fit its schema and one the environment raises on are the agent's failed
     calls (no step, no reward), done ends it; the grade is the sum of the step rewards."""
-    task = load_any(COUNTDOWN)
 
     async def go() -> None:
-        env = OpenEnvTaskEnv(task, DockerProvider(), "test-openenv")
-        instance = task.instances[0]
-        sandbox = await env.init(instance, "countdown-steps")
-        try:
-            opening = await env.opening(sandbox, instance)
-            assert opening is not None
-            assert (
-                opening.text
-                == "message: Count down from 3 to 1, one number per step.\nremaining: 3"
-            )
+        async with countdown(run_id) as (env, sandbox, instance, opening):
+            first = "message: Count down from 3 to 1, one number per step.\nremaining: 3"
+            assert opening.text == first
             assert sorted(opening.tools) == ["count", "finish"]
             count = opening.tools["count"]
             assert count.parameters["properties"]["number"]["type"] == "integer"
             seen = [await count(sandbox, number=n) for n in (3, 5)]
-            assert [(o.reward, o.error, o.done) for o in seen] == [
-                (1.0, False, False),
-                (-0.5, False, False),
-            ]
+            rewarded = [(o.reward, o.error, o.done) for o in seen]
+            assert rewarded == [(1.0, False, False), (-0.5, False, False)]
             assert seen[1].text == "message: wrong: the next number is 2\nremaining: 2"
             unfit = await count(sandbox, number="two")
             assert unfit.error and unfit.reward is None and "number:" in unfit.text
@@ -155,36 +167,22 @@ def test_steps_rewards_done_and_refused_actions() -> None:
             assert last[-1].done and last[-1].reward == 1.0
             grade = await env.evaluate(sandbox, instance)
             assert grade.reward == 2.5
-            assert grade.components == {
-                "steps": 4,
-                "step_rewards": [1.0, -0.5, 1.0, 1.0],
-                "done": True,
-            }
-        finally:
-            await sandbox.close()
+            steps = {"steps": 4, "step_rewards": [1.0, -0.5, 1.0, 1.0], "done": True}
+            assert grade.components == steps
 
     asyncio.run(go())
 
 
 @pytest.mark.docker
 @pytest.mark.conformance
-def test_an_action_that_ends_the_server_is_the_agents_doing() -> None:
-    task = load_any(COUNTDOWN)
-
+def test_an_action_that_ends_the_server_is_the_agents_doing(run_id: str) -> None:
     async def go() -> None:
-        env = OpenEnvTaskEnv(task, DockerProvider(), "test-openenv")
-        instance = task.instances[0]
-        sandbox = await env.init(instance, "countdown-crash")
-        try:
-            opening = await env.opening(sandbox, instance)
-            assert opening is not None
+        async with countdown(run_id) as (env, sandbox, instance, opening):
             assert (await opening.tools["count"](sandbox, number=3)).reward == 1.0
             with pytest.raises(SandboxBroken, match="went away during the agent's step"):
                 await opening.tools["count"](sandbox, number=-1)
             grade = await env.evaluate(sandbox, instance)  # what it earned before
             assert grade.reward == 1.0 and "went away" in " ".join(grade.evidence.notes)
-        finally:
-            await sandbox.close()
 
     asyncio.run(go())
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -98,12 +99,17 @@ class Live:
                 f"the environment's server went away during the agent's step ({tool}): {e}",
                 fix="none: the agent's action ended it",
             ) from e
-        self.steps += 1
         reward = reply.get("reward")
         if isinstance(reward, int | float) and not isinstance(reward, bool):
+            if not math.isfinite(reward):  # never a reward: the environment is broken
+                raise SandboxError(
+                    f"the environment's server gave the step a reward of {reward}",
+                    fix="fix the environment's reward: a finite number, or none",
+                )
             self.rewards.append(float(reward))
         else:
             reward = None
+        self.steps += 1
         self.done = bool(reply.get("done"))
         observation = reply.get("observation")
         data = observation if isinstance(observation, dict) else {}

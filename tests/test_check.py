@@ -30,6 +30,7 @@ def _check(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.conformance  # CI's conformance stage: `agentrl check` on shipped tasks
 def test_one_shipped_task_of_each_format_passes_check(tmp_path: Path) -> None:
     swe = tmp_path / "swe.jsonl"  # one shipped row: the same instance, the same image
     swe.write_text(SWE_ROWS.read_text().splitlines(keepends=True)[0])

@@ -16,9 +16,9 @@ import contextlib
 import json
 import re
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from clirun import agentrl
@@ -39,6 +39,7 @@ ROOT = Path(__file__).parent.parent
 COUNTDOWN = ROOT / "examples" / "openenv" / "countdown_env"
 COUNTDOWN_TASK = ROOT / "examples" / "openenv" / "countdown.yaml"
 REASONING_GYM, MAZE, ECHO = "openenv/reasoning_gym_env", "openenv/maze_env", "openenv/echo_env"
+T = TypeVar("T")
 MAZE_PATH = [3, 3, 3, 3, 1, 1, 3, 3, 1, 3, 1, 1, 1, 1]
 """The shortest way from (0, 0) to the exit (7, 7) of the maze the environment ships."""
 
@@ -62,8 +63,28 @@ def run(task: Path, out: Path, *replies: str) -> list[Trajectory]:
     return list(TrajectoryStore(out / "trajectories.jsonl"))
 
 
+def passes_check(folder: Path) -> None:
+    """`agentrl check`: no reference solution, so the no-op alone, which must start, reset
+    and grade the environment."""
+    check = agentrl("check", folder, timeout=1200)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "pass (no oracle)" in check.stdout and "1 of 1 instances pass" in check.stdout
+
+
 def prompt_text(traj: Trajectory) -> str:
     return str(load_tokenizer().decode(traj.prompt_ids))
+
+
+def published(local_path: str) -> Callable[[T], T]:
+    """The marks of a test on a genuine environment (CI's conformance stage)."""
+    marks = [pytest.mark.docker, pytest.mark.conformance, pytest.mark.model, pytest.mark.slow]
+
+    def apply(test: T) -> T:
+        for mark in [*marks, pytest.mark.corpus(local_path)]:
+            test = mark(test)
+        return test
+
+    return apply
 
 
 def genuine(local_path: str) -> Path:
@@ -197,9 +218,7 @@ def test_validate_check_and_run_the_countdown_from_the_cli(tmp_path: Path) -> No
     valid = agentrl("validate", COUNTDOWN)
     assert valid.returncode == 0, valid.stderr
     assert "ok (1 instances, openenv task)" in valid.stdout
-    check = agentrl("check", COUNTDOWN, timeout=900)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "pass (no oracle)" in check.stdout and "1 of 1 instances pass" in check.stdout
+    passes_check(COUNTDOWN)
     (traj,) = run(
         COUNTDOWN,
         tmp_path / "solved",
@@ -307,18 +326,13 @@ def test_the_embedded_model_plays_the_countdown(tmp_path: Path) -> None:
 # -- genuine published environments -----------------------------------------------------
 
 
-@pytest.mark.docker
-@pytest.mark.conformance
-@pytest.mark.model
-@pytest.mark.slow
-@pytest.mark.corpus(REASONING_GYM)
+@published(REASONING_GYM)
 def test_reasoning_gym_as_published_scores_the_answer(tmp_path: Path) -> None:
     """validate, check, then two runs: a wrong answer earns 0 and the environment reveals
     the right one; that answer earns the dataset's full score."""
     folder = genuine(REASONING_GYM)
     assert agentrl("validate", folder).returncode == 0
-    check = agentrl("check", folder, timeout=1200)
-    assert check.returncode == 0 and "pass (no oracle)" in check.stdout, check.stdout + check.stderr
+    passes_check(folder)
     (wrong,) = run(folder, tmp_path / "wrong", call("reasoning_gym", answer="7"))
     assert "how many legs are there in total" in prompt_text(wrong)
     assert wrong.stop_reason.value == "finished" and wrong.reward == 0.0
@@ -343,15 +357,10 @@ def test_reasoning_gym_as_published_scores_the_answer(tmp_path: Path) -> None:
     assert len(found) == 2 and found["s1"] != found["s2"], asked
 
 
-@pytest.mark.docker
-@pytest.mark.conformance
-@pytest.mark.model
-@pytest.mark.slow
-@pytest.mark.corpus(MAZE)
+@published(MAZE)
 def test_the_maze_as_published_rewards_every_step_to_the_exit(tmp_path: Path) -> None:
     folder = genuine(MAZE)
-    check = agentrl("check", folder, timeout=1200)
-    assert check.returncode == 0 and "pass (no oracle)" in check.stdout, check.stdout + check.stderr
+    passes_check(folder)
     (traj,) = run(folder, tmp_path / "maze", *[call("maze", action=a) for a in MAZE_PATH])
     assert traj.stop_reason.value == "finished", traj.error
     assert len(traj.turn_rewards) == len(MAZE_PATH)
@@ -360,18 +369,13 @@ def test_the_maze_as_published_rewards_every_step_to_the_exit(tmp_path: Path) ->
     assert "current_position: [7, 7]" in traj.turns[-1].observation
 
 
-@pytest.mark.docker
-@pytest.mark.conformance
-@pytest.mark.model
-@pytest.mark.slow
-@pytest.mark.corpus(ECHO)
+@published(ECHO)
 def test_echo_as_published_offers_its_mcp_tools(tmp_path: Path) -> None:
     """An MCP environment: its tools are the ones it lists (tools/list), each with its own
     schema. (Calling one runs into huggingface/OpenEnv#455 with the openenv-core its
     uv.lock pins: the server answers a WebSocket call_tool step with a 30 s timeout.)"""
     folder = genuine(ECHO)
-    check = agentrl("check", folder, timeout=1200)
-    assert check.returncode == 0 and "pass (no oracle)" in check.stdout, check.stdout + check.stderr
+    passes_check(folder)
     (traj,) = run(folder, tmp_path / "echo", call("finish", message="done"))
     assert traj.stop_reason.value == "finished" and traj.reward == 0.0
     text = prompt_text(traj)

@@ -42,14 +42,16 @@ def dockerfile_of(folder: Path) -> Path:
     )
 
 
-def image_tag(folder: Path, name: str) -> str:
+def env_image_tag(name: str, recipe: str) -> str:
+    """The tag of environment `name`'s image built from files whose hash is `recipe`."""
     slug = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip(".-_") or "env"
-    return f"agentrl/openenv-{slug}:{folder_hash(folder)}"
+    return f"agentrl/openenv-{slug}:{recipe}"
 
 
 def build_env_image(folder: Path, name: str, progress: Progress | None = None) -> str:
     """The tag of `folder`'s image, built unless its files' hash is already built."""
-    tag = image_tag(folder, name)
+    recipe = folder_hash(folder)  # read once: the tag and the label say the same files
+    tag = env_image_tag(name, recipe)
     dockerfile = dockerfile_of(folder)
     text = dockerfile.read_text(errors="replace")
     for pattern, what in BUILDKIT_ONLY:
@@ -59,7 +61,6 @@ def build_env_image(folder: Path, name: str, progress: Progress | None = None) -
                 fix="build the image yourself (docker buildx build) and name it in a task's "
                 "sandbox.image",
             )
-    recipe = folder_hash(folder)
     with tempfile.TemporaryDirectory(prefix="agentrl-openenv-") as tmp:
         context = Path(tmp) / folder.name
         shutil.copytree(folder, context, symlinks=True)

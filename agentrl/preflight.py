@@ -9,7 +9,7 @@ context is one error and exit 1 instead of a run of N infrastructure failures:
    beyond rendering its two prompts);
 2. the policy answers, for samplers that talk to a server (`check()`);
 3. each task's first instance goes through INIT (image, files, setup; tried as often as
-   an episode's INIT) and is closed.
+   an episode's INIT) and is closed, a few tasks at a time.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ INIT_TIMEOUT = 900.0
 """Seconds the trial INIT may take (an image built from a recipe, a long setup)."""
 INIT_ATTEMPTS = 3
 """Tries of the trial INIT: the dispatchers' default `init_attempts`."""
+TRIALS_AT_ONCE = 4
+"""Trial INITs run side by side (each task's first builds its image where it must)."""
 
 
 def check_prompts(task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -123,8 +125,17 @@ async def preflight(
         check_prompts(env.task, tokenizer)
     if isinstance(sampler, Answering):  # samplers behind HTTP say whether they answer
         await sampler.check()
-    for env in envs:
-        await _trial_init(env)
+    # Side by side, a few at a time: a dataset's first INITs build its images.
+    slots = asyncio.Semaphore(TRIALS_AT_ONCE)
+
+    async def trial(env: EpisodeEnv) -> None:
+        async with slots:
+            await _trial_init(env)
+
+    done = await asyncio.gather(*(trial(env) for env in envs), return_exceptions=True)
+    for outcome in done:  # the first task's failure, in the order given
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _trial_init(env: EpisodeEnv) -> None:

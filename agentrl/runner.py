@@ -17,8 +17,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field
 
@@ -37,7 +39,7 @@ from agentrl.trajectory import BRANCHES, Trajectory, TrajectoryStore
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.evaluation import EvalSpec
+    from agentrl.evaluation import Attempt, EvalSpec, Evaluation
     from agentrl.sandbox.base import SandboxProvider
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,16 @@ def run_spec(
     )
 
 
+@dataclass(frozen=True)
+class RunJob:
+    """One task of a run and the folder it runs into; `spec`: what that folder records
+    as run (default: this task, played by the sampler's class)."""
+
+    task: Task
+    out_dir: Path
+    spec: EvalSpec | None = None
+
+
 async def run_task(
     task: Task,
     sampler: Sampler,
@@ -98,70 +110,124 @@ async def run_task(
     provider: SandboxProvider,
     out_dir: Path,
     *,
+    spec: EvalSpec | None = None,
+    **options: Any,
+) -> RunSummary:
+    """`run_tasks` of one task into `out_dir`."""
+    (summary,) = await run_tasks(
+        [RunJob(task, out_dir, spec)], sampler, tokenizer, provider, **options
+    )
+    return summary
+
+
+async def run_tasks(
+    jobs: Sequence[RunJob],
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    provider: SandboxProvider,
+    *,
     samples: int = 1,
     dispatcher: DispatchConfig | None = None,
     show_progress: bool = True,
     snapshots: SnapshotPolicy | None = None,
     model: str | None = None,
-    spec: EvalSpec | None = None,
     overwrite: bool = False,
-) -> RunSummary:
-    """`samples` episodes of every instance of `task` (sample k of instance i is the
-    trajectory `i_k`) into `out_dir`, then `summary.json` over every one recorded.
+    name: str | None = None,
+) -> list[RunSummary]:
+    """`samples` episodes of every instance of each job's task (sample k of instance i is
+    the trajectory `i_k`) into the job's folder, then its `summary.json` over every one
+    recorded. All the jobs' episodes share one dispatcher (a dataset's tasks run side by
+    side, `dispatcher`'s slots across them) and one preflight; each folder is its own run.
 
-    A folder that holds a run of the same `spec` (default: this task, played by the
-    sampler's class) is continued: its episodes are kept, only the missing ones run;
-    `overwrite` starts it again; a folder holding anything else is refused (ConfigError).
-    Nothing is written before the preflight passes. Interrupted (Ctrl-C, SIGTERM, an
-    error), the summary of the episodes recorded is written, marked incomplete.
-    `model`: whose tokenizer the token ids are in, for run.json."""
+    A folder that holds a run of the same spec is continued: its episodes are kept, only
+    the missing ones run; `overwrite` starts it again; a folder holding anything else is
+    refused (ConfigError). Nothing is written before the preflight passes. Interrupted
+    (Ctrl-C, SIGTERM, an error), each folder's summary of the episodes recorded is
+    written, marked incomplete. `model`: whose tokenizer the token ids are in, for
+    run.json; `name`: the progress bar's (default: the one task's name)."""
     from agentrl.evaluation import Evaluation, wanted
 
-    spec = spec or run_spec(task, type(sampler).__qualname__, model)
-    folder = Evaluation(out_dir, spec, overwrite=overwrite)
-    asked = wanted([task], samples)
-    todo = folder.missing(asked)
-    if kept := len(asked) - len(todo):
-        log.info("%s: %d of %d episodes already recorded (kept)", out_dir, kept, len(asked))
-    before = 0.0 if overwrite else _seconds_before(out_dir)
+    names = [job.task.spec.name for job in jobs]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(
+            f"two tasks of the run are named {twice[0]}", fix="run them in separate runs"
+        )
+    runs = []
+    for job in jobs:
+        spec = job.spec or run_spec(job.task, type(sampler).__qualname__, model)
+        folder = Evaluation(job.out_dir, spec, overwrite=overwrite)
+        asked = wanted([job.task], samples)
+        todo = folder.missing(asked)
+        if kept := len(asked) - len(todo):
+            log.info("%s: %d of %d episodes already recorded (kept)", job.out_dir, kept, len(asked))
+        before = 0.0 if overwrite else _seconds_before(job.out_dir)
+        run_id = folder.run_id(f"{job.task.spec.name}-{uuid.uuid4().hex[:8]}")
+        runs.append(_Run(job.task, job.out_dir, folder, asked, todo, before, run_id))
     start = time.monotonic()
-    run_id = folder.run_id(f"{task.spec.name}-{uuid.uuid4().hex[:8]}")
-    if not todo:
-        return _summary(out_dir, task, _run_id_of(out_dir, run_id), set(asked), before)
-    env = make_env(task, provider, run_id)
-    await preflight([env], sampler, tokenizer)  # before anything is written
-    folder.start(run_id, provider.name, model=model)
-    conversations = out_dir / CONVERSATIONS
-    if overwrite:
-        for name in RUN_FILES:
-            (out_dir / name).unlink(missing_ok=True)
-    else:  # a line torn by a kill, or one whose trajectory's line was, goes
-        _keep_conversations(conversations, {f"{o.instance}_{o.attempt}" for o in folder.done})
-    instances = {i.id: i for i in task.instances}
-    factory = Episodes(sampler, tokenizer, {task.spec.name: env}, snapshots, folder.journal)
-    episodes = [factory.fresh(task, instances[inst], k) for _, inst, k in todo]
+    going = [r for r in runs if r.todo]
+    envs = {r.task.spec.name: make_env(r.task, provider, r.run_id) for r in going}
+    if going:
+        await preflight(list(envs.values()), sampler, tokenizer)  # before anything is written
+    episodes = []
+    for r in going:
+        r.folder.start(r.run_id, provider.name, model=model)
+        if overwrite:
+            for file in RUN_FILES:
+                (r.out_dir / file).unlink(missing_ok=True)
+        else:  # a line torn by a kill, or one whose trajectory's line was, goes
+            ids = {f"{o.instance}_{o.attempt}" for o in r.folder.done}
+            _keep_conversations(r.out_dir / CONVERSATIONS, ids)
+        instances = {i.id: i for i in r.task.instances}
+        factory = Episodes(sampler, tokenizer, envs, snapshots, r.folder.journal)
+        episodes += [factory.fresh(r.task, instances[inst], k) for _, inst, k in r.todo]
+    by_task = {r.task.spec.name: r for r in going}
 
     def keep(traj: Trajectory) -> None:
-        folder.record(traj)
-        with conversations.open("a", encoding="utf-8") as f:  # what the model saw
-            messages = seen_messages(task, traj, tokenizer)
+        r = by_task[traj.task]
+        r.folder.record(traj)
+        with (r.out_dir / CONVERSATIONS).open("a", encoding="utf-8") as f:  # what it saw
+            messages = seen_messages(r.task, traj, tokenizer)
             f.write(json.dumps({"trajectory_id": traj.trajectory_id, "messages": messages}))
             f.write("\n")
 
     try:
-        with progress_bars(show_progress) as progress:
-            await stream_episodes(
-                episodes,
-                dispatcher or PipelineConfig(concurrency=4),
-                keep,
-                progress,
-                task.spec.name,
-            )
-        folder.journal.clear()  # every episode asked is recorded: nothing is in flight
+        if episodes:
+            with progress_bars(show_progress) as progress:
+                await stream_episodes(
+                    episodes,
+                    dispatcher or PipelineConfig(concurrency=4),
+                    keep,
+                    progress,
+                    name or names[0],
+                )
+        for r in going:  # every episode asked is recorded: nothing is in flight
+            r.folder.journal.clear()
     finally:  # interrupted too: what finished is summarised, and says it is not all
-        seconds = before + time.monotonic() - start
-        summary = _summary(out_dir, task, run_id, set(asked), seconds)
-    return summary
+        seconds = time.monotonic() - start
+        summaries = [
+            _summary(
+                r.out_dir,
+                r.task,
+                r.run_id if r.todo else _run_id_of(r.out_dir, r.run_id),
+                set(r.asked),
+                r.before + (seconds if r.todo else 0.0),
+            )
+            for r in runs
+        ]
+    return summaries
+
+
+@dataclass
+class _Run:
+    """A job's folder as `run_tasks` finds it: what is asked, what is still to run."""
+
+    task: Task
+    out_dir: Path
+    folder: Evaluation
+    asked: list[Attempt]
+    todo: list[Attempt]
+    before: float
+    run_id: str
 
 
 def _summary(

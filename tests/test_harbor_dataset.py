@@ -149,8 +149,6 @@ def test_storage_and_the_environments_variables_are_honoured(tmp_path: Path) -> 
     [
         ('[[steps]]\nname = "one"\n', "steps: multi-step tasks"),
         ("[environment]\ngpus = 1\n", "environment.gpus: tasks that need GPUs"),
-        ('[verifier]\nenvironment_mode = "separate"\n', "verifier.environment_mode"),
-        ('[verifier.environment]\ndocker_image = "x"\n', "verifier.environment: a verifier"),
     ],
 )
 def test_what_would_grade_otherwise_than_harbor_is_refused_not_ignored(
@@ -160,9 +158,4 @@ def test_what_would_grade_otherwise_than_harbor_is_refused_not_ignored(
     with pytest.raises(ConfigError, match=said) as e:
         load_any(folder)
     assert "\n" not in e.value.message and e.value.fix
-    # `shared` is what agentrl does: the same task loads
-    if "environment_mode" in toml:
-        (folder / "task.toml").write_text(
-            'version = "1.1"\n[verifier]\nenvironment_mode = "shared"\n'
-        )
-        assert load_any(folder).spec.name == "t"
+    # the verifier's settings: tests/test_harbor_verifier.py

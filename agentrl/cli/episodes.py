@@ -21,102 +21,128 @@ from agentrl.errors import ConfigError
 if TYPE_CHECKING:
     from agentrl.check import CheckRow
     from agentrl.replay import ReplayReport
-    from agentrl.runner import RunSummary
+    from agentrl.runner import RunJob, RunSummary
     from agentrl.sandbox.base import SandboxProvider
     from agentrl.tasks.spec import AgentConfig
 
 
 def run(args: argparse.Namespace) -> int:
-    """One task; a dataset folder runs each of its tasks into a folder of its own under
-    --out (the exit code is the worst of theirs)."""
+    """One task; a dataset folder runs its tasks side by side (one dispatcher, its slots
+    across them), each into a folder of its own under --out (the exit code is the worst
+    of theirs)."""
     from agentrl.tasks.formats import expand
 
     paths = expand([args.task])
     if len(paths) == 1 and paths[0] == Path(args.task):
-        return _run_one(args, paths[0], args.out)
+        job = _job(args, paths[0], args.out, strict=True)
+        again = "--resume" if args.out else f"--out {job.out_dir} --resume"
+        (summary,) = _play(args, [job], again)
+        return _report(summary, job.out_dir)
     base = args.out or Path("runs") / f"{Path(args.task).name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ids = instance_ids(args.instances)
+    jobs = [_job(args, p, base / p.name, strict=False) for p in paths]
     if ids:
-        from agentrl.tasks.formats import load_any
-
-        paths = [p for p in paths if {i.id for i in load_any(p).instances} & set(ids)]
-        if not paths:
+        jobs = [j for j in jobs if j.task.instances]
+        if not jobs:
             raise ConfigError(
                 f"no task of {args.task} has instance {', '.join(ids)}",
                 fix="leave out --instances, or name instances the dataset's tasks have",
             )
-    console.print(f"{args.task}: a dataset of {len(paths)} tasks, each run into {base}/<task>")
+    console.print(f"{args.task}: a dataset of {len(jobs)} tasks, each run into {base}/<task>")
     again = "--resume" if args.out else f"--out {base} --resume"
-    codes = [_run_one(args, p, base / p.name, again=again) for p in paths]
-    return max(codes)
+    summaries = _play(args, jobs, again, name=Path(args.task).name)
+    return max(_report(s, j.out_dir, brief=True) for s, j in zip(summaries, jobs, strict=True))
 
 
-def _run_one(
-    args: argparse.Namespace, path: Path, out: Path | None, *, again: str | None = None
-) -> int:
-    """`agentrl run` of the task at `path` into `out`; `again`: the flags that continue
-    it after Ctrl-C (default: --resume, with --out where it was not given)."""
-    from pydantic import TypeAdapter
-
+def _job(args: argparse.Namespace, path: Path, out: Path | None, *, strict: bool) -> RunJob:
+    """The task at `path` as `agentrl run ARGS` runs it, into `out` (claimed: refused
+    where it holds something the flags do not say what to do with)."""
     from agentrl.cli.evaluate import _policy_name
-    from agentrl.dispatch import DispatchConfig
-    from agentrl.inference.config import parse_policy
-    from agentrl.inference.embedded import model_tokenizer
-    from agentrl.runner import run_spec, run_task
-    from agentrl.sandbox import provider
+    from agentrl.runner import RunJob, run_spec
     from agentrl.tasks.formats import load_any
     from agentrl.tasks.select import select_instances, with_overrides
 
     task = load_any(path)
-    task = select_instances(task, instance_ids(args.instances), strict=path == Path(args.task))
+    task = select_instances(task, instance_ids(args.instances), strict=strict)
     overrides = limit_overrides(args)
     task = with_overrides(task, overrides, agent=agent_override(args))
+    if args.snapshots is not None:  # --snapshots N: every N turns, the task's policy otherwise
+        every = task.spec.snapshots.model_copy(update={"every": args.snapshots})
+        task = task.model_copy(update={"spec": task.spec.model_copy(update={"snapshots": every})})
     out = out or Path("runs") / f"{task.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    # in a dataset, --resume goes on with the tasks begun and starts the others
-    resume = args.resume and (path == Path(args.task) or out.is_dir())
-    _claim(out, resume=resume, overwrite=args.overwrite)
-    snapshots = None
-    if args.snapshots is not None:
-        policy = task.spec.snapshots
-        snapshots = policy.model_copy(update={"every": args.snapshots})
+    if task.instances:
+        # in a dataset, --resume goes on with the tasks begun and starts the others
+        _claim(out, resume=args.resume and (strict or out.is_dir()), overwrite=args.overwrite)
+    spec = run_spec(task, _policy_name(args.policy), _model(args), overrides)
+    return RunJob(task, out, spec)
+
+
+def _model(args: argparse.Namespace) -> str:
+    """Whose tokenizer the run's token ids are in: --model, else the policy's."""
+    from agentrl.inference.config import parse_policy
+
+    model = args.model or parse_policy(args.policy).tokenizer_model()
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
+
+
+def _play(
+    args: argparse.Namespace, jobs: list[RunJob], again: str, name: str | None = None
+) -> list[RunSummary]:
+    """Run `jobs` with the policy; after Ctrl-C, say what each folder holds and `again`:
+    the flags that continue it."""
+    from pydantic import TypeAdapter
+
+    from agentrl.dispatch import DispatchConfig
+    from agentrl.inference.config import parse_policy
+    from agentrl.inference.embedded import model_tokenizer
+    from agentrl.runner import run_tasks
+    from agentrl.sandbox import provider
+
     dispatcher = TypeAdapter(DispatchConfig).validate_python(
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
-    sampler_config = parse_policy(args.policy)
-    model = args.model or sampler_config.tokenizer_model()
-    model = str(Path(model).resolve()) if Path(model).is_dir() else model
-    spec = run_spec(task, _policy_name(args.policy), model, overrides)
+    model = _model(args)
     tokenizer = model_tokenizer(model)
-    sampler = sampler_config.build(tokenizer=tokenizer)
+    sampler = parse_policy(args.policy).build(tokenizer=tokenizer)
 
-    async def go() -> RunSummary:
+    async def go() -> list[RunSummary]:
         try:
-            return await run_task(
-                task,
+            return await run_tasks(
+                jobs,
                 sampler,
                 tokenizer,
                 provider(args.provider),
-                out,
                 samples=args.samples,
                 dispatcher=dispatcher,
-                snapshots=snapshots,
                 model=model,
-                spec=spec,
                 overwrite=args.overwrite,
+                name=name,
             )
         finally:
             await sampler.close()
 
     try:
-        summary = asyncio.run(go())
+        return asyncio.run(go())
     except KeyboardInterrupt:
-        _how_to_continue(out, again or ("--resume" if args.out else f"--out {out} --resume"))
+        for job in jobs:
+            _how_to_continue(job.out_dir, again)
         raise
-    table = Table(title=f"agentrl run {task.spec.name} -> {out}")
-    table.add_column("metric")
-    table.add_column("value")
+
+
+def _report(summary: RunSummary, out: Path, *, brief: bool = False) -> int:
+    """Print what the run into `out` did (`brief`: one line, a dataset's task); exit code
+    1 where every episode was an infrastructure failure."""
     from agentrl.batch import finite
 
+    failed, total = summary.infra_failures, summary.episodes
+    if brief:
+        mean = "-" if summary.reward_mean is None else f"{summary.reward_mean:.3f}"
+        infra = f", {failed} infrastructure failures" if failed else ""
+        console.print(f"{summary.task}: {total} episodes, reward mean {mean}{infra} -> {out}")
+        return 1 if total and failed == total else 0
+    table = Table(title=f"agentrl run {summary.task} -> {out}")
+    table.add_column("metric")
+    table.add_column("value")
     infra_keys = ("infra_failures", "infra_error", "infra_fix")
     for key, value in finite(
         summary.model_dump(exclude={*infra_keys, "complete", "missing"})
@@ -128,7 +154,6 @@ def _run_one(
     console.print(
         f"trajectories: {out / 'trajectories.jsonl'}  conversations: {out / 'conversations.jsonl'}"
     )
-    failed, total = summary.infra_failures, summary.episodes
     if failed:  # apart from the rewards: these episodes were not graded, and never trained on
         err_console.print(
             tag(

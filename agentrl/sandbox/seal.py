@@ -81,6 +81,16 @@ class GradeScope(BaseModel):
         description="a Docker network the grading copy joins (grading online); None: it "
         "shares the agent's container's loopback, so the agent's services stay reachable",
     )
+    image: str | None = Field(
+        default=None,
+        description="the image of a verifier of its own (Harbor's separate mode): the "
+        "copy starts from it once the agent's container is gone, and gets each output "
+        "whole as the agent's container held it; None: the copy starts as INIT left the "
+        "sandbox and gets the agent's changes under the outputs",
+    )
+    env: dict[str, str] | None = Field(
+        default=None, description="the copy's environment variables (None: the sandbox's)"
+    )
 
     def covers(self, path: str) -> bool:
         """Whether `path` (absolute) lies in an output, and not in a test folder."""

@@ -18,6 +18,7 @@ import posixpath
 import stat
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -176,6 +177,22 @@ def collect(api: Any, agent_id: str, changes: list[Change], scope: GradeScope) -
     return Carried(buffer, changes, roots)
 
 
+def collect_whole(api: Any, agent_id: str, changes: list[Change], paths: Iterable[str]) -> Carried:
+    """Read each of `paths` whole out of the agent's container, changed or not (a separate
+    verifier's artifacts: its image need not hold what the agent's did); one the
+    container does not have is not carried, and the verifier's own stays."""
+    roots: list[Change] = []
+    buffer = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 (Carried owns it)
+    with tarfile.open(fileobj=buffer, mode="w") as out:
+        for path in paths:
+            before = len(out.getmembers())
+            _read(api, agent_id, path, out)
+            if len(out.getmembers()) > before:
+                roots.append(Change(path, "added", out.getmembers()[before].isdir()))
+    buffer.seek(0)
+    return Carried(buffer, changes, roots)
+
+
 def deliver(
     api: Any, grader_id: str, carried: Carried, scope: GradeScope, notes: list[str]
 ) -> Sealed:
@@ -239,6 +256,9 @@ def _filter(
         where = "/" + member.name
         if any(where.startswith(s + "/") for s in skipped):
             continue
+        if scope.image is not None and (why := _unsafe(member, where, scope)):
+            dropped.append(f"{where}: {why}")  # Harbor's verifier: tarfile's `data` filter
+            continue
         why = drop_reason(
             where, scope, shadowable=shadowable, is_dir=member.isdir(), added=where not in existed
         )
@@ -256,6 +276,22 @@ def _filter(
                 body = kept.encode(errors="surrogateescape")
                 member.size = len(body)
         out.addfile(member, io.BytesIO(body) if body is not None else None)
+
+
+def _unsafe(member: tarfile.TarInfo, where: str, scope: GradeScope) -> str | None:
+    """Why an artifact's entry does not reach a separate verifier, as tarfile's `data`
+    filter decides for Harbor's: a device or pipe, a link out of its artifact; setuid and
+    setgid bits are cleared on what does."""
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        return "not a file, folder or link"
+    if member.issym() or member.islnk():
+        base = posixpath.dirname(where) if member.issym() else "/"
+        target = posixpath.normpath(posixpath.join(base, member.linkname))
+        root = next((o for o in scope.outputs if within(where, o)), None)
+        if root is None or not within(target, root):
+            return f"a link out of its artifact (to {member.linkname})"
+    member.mode &= ~0o6000
+    return None
 
 
 def leftovers(api: Any, container_id: str, spare: set[int]) -> list[str]:

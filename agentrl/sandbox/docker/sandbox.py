@@ -270,7 +270,9 @@ class DockerSandbox:
         agent's changes under `scope`'s outputs. While the agent's container runs what the
         agent left (a service), it is kept and the copy joins its network namespace, so
         those answer the grader on loopback; otherwise it is removed once its changes are
-        read, before the copy starts. Every call from now on acts on the copy."""
+        read, before the copy starts. With `scope.image` (a verifier of its own), the copy
+        starts from that image, the agent's container is always gone first, and each
+        output comes whole. Every call from now on acts on the copy."""
         self._check_open()
         if self._agent is not None:
             raise SandboxError(f"sandbox {self._id[:12]} is already sealed")
@@ -278,13 +280,20 @@ class DockerSandbox:
 
         origin, changes, note = await self._call(grading.origin_and_changes, self._api, self._id)
         notes = [note] if note else []
-        if self.init_state is not None:  # the copy starts as INIT left the sandbox
+        separate = scope.image is not None  # a verifier of its own: nothing of INIT's either
+        if separate:
+            origin = str(scope.image)
+            notes.append(
+                f"graded in a verifier container of its own, from {scope.image}, once the "
+                f"agent's was gone; carried whole from it: {', '.join(scope.outputs)}"
+            )
+        elif self.init_state is not None:  # the copy starts as INIT left the sandbox
             origin, changes = self.init_state.image, self.init_state.since(changes)
         running = await self._running()
         if running:
             spare = set(await self._spared())
             left = await self._call(grading.leftovers, self._api, self._id, spare)
-            if left:
+            if left and not separate:
                 notes.append(
                     f"{len(left)} agent process(es) kept running in the agent's own "
                     "container, reachable only over loopback: "
@@ -298,15 +307,23 @@ class DockerSandbox:
                 running = False
         else:
             notes.append("the agent's container had stopped before grading (its own doing)")
-        carried = await self._call(grading.collect, self._api, self._id, changes, scope)
+        if separate:
+            carried = await self._call(
+                grading.collect_whole, self._api, self._id, changes, scope.outputs
+            )
+        else:
+            carried = await self._call(grading.collect, self._api, self._id, changes, scope)
         try:
             agent, self._agent = self._id, self._id  # close() removes it from now on
             if not running:
                 await self._call(remove_within, self._api, agent, CLOSE_WAIT_S)
                 self._agent = ""
-            spec = self._spec.model_copy(
-                update={"name": f"{self._spec.name or 'sandbox'}-grading", "mounts": {}}
-            )
+            copy_of = {"name": f"{self._spec.name or 'sandbox'}-grading", "mounts": {}}
+            if separate:
+                copy_of |= {"image": origin, "workdir": scope.cwd}
+                if scope.env is not None:
+                    copy_of["env"] = scope.env
+            spec = self._spec.model_copy(update=copy_of)
             network = scope.network or (f"container:{agent}" if running else "none")
             copy = await asyncio.to_thread(create_container, self._client, spec, origin, network)
             with self._lock:  # close() removes both from now on

@@ -8,22 +8,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import re
+import tomllib
+from functools import cached_property
 from pathlib import Path
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
-from agentrl.sandbox.images import docker_client
+from agentrl.sandbox.images import build_recipe, docker_client, folder_hash, missing_image_fix
 from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import EVAL_NETWORK, TaskEnv, put_path
 from agentrl.tasks.evidence import DidNotRun, Grade, tail
 from agentrl.tasks.spec import Instance, Task
-from agentrl.tasks.terminal import offline
+from agentrl.tasks.terminal import TESTS_DIR, offline
 from agentrl.tasks.terminal.load import (
     WORKDIR_OF_IMAGE,
     detect_format,
     oracle_script,
     prebuilt_image,
     solution_commands,
+)
+from agentrl.tasks.terminal.verifier import (
+    ARTIFACTS_DIR,
+    CollectHook,
+    HarborVerifier,
+    harbor_verifier,
 )
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,9 @@ class TerminalEnv(TaskEnv):
     offline test runtime at EVAL, the reference solution run as the harness runs it."""
 
     _image_workdir: str | None = None
+    _verifier_image: str | None = None
+    """A separate verifier's image, once EVAL first resolved it."""
+    _verifier_workdir: str | None = None
 
     async def resolve_image(self) -> str:
         prebuilt = prebuilt_image(Path(self.task.path))
@@ -68,11 +80,93 @@ class TerminalEnv(TaskEnv):
         runtime = tuple(posixpath.join(workdir, name) for name in needs.project)
         return super().grade_scope(workdir).model_copy(update={"runtime": runtime})
 
+    @cached_property
+    def verifier(self) -> HarborVerifier | None:
+        """A Harbor task's verifier settings (None: a Terminal-Bench task)."""
+        folder = Path(self.task.path)
+        if detect_format(folder) != "harbor":
+            return None
+        return harbor_verifier(tomllib.loads((folder / "task.toml").read_text()), folder)
+
+    async def init(self, instance: Instance, name: str) -> Sandbox:
+        """INIT; a Harbor task's container has `/logs/artifacts`, as Harbor's mounts it."""
+        sandbox = await super().init(instance, name)
+        if self.verifier is not None:
+            try:
+                await sandbox.exec(ExecRequest(command=["mkdir", "-p", ARTIFACTS_DIR]))
+            except BaseException:
+                await sandbox.close()
+                raise
+        return sandbox
+
+    def scope(self, sandbox: Sandbox) -> GradeScope:
+        """The task's scope; a separate verifier's once EVAL resolved its image: the
+        copy starts from that image and gets the artifacts, whole, and nothing else."""
+        scope = super().scope(sandbox)
+        checks, image = self.verifier, self._verifier_image
+        if checks is None or not checks.separate or image is None:
+            return scope
+        workdir = self._verifier_workdir or sandbox.spec.workdir
+        return scope.model_copy(
+            update={
+                "outputs": checks.artifacts,
+                "tests": (TESTS_DIR,),
+                "lookup": (TESTS_DIR,),
+                "cwd": workdir,
+                "runtime": self.grade_scope(workdir).runtime,
+                "image": image,
+                "env": self.task.spec.sandbox.env if checks.env is None else checks.env,
+            }
+        )
+
+    async def evaluate(self, sandbox: Sandbox, instance: Instance) -> Grade:
+        """Harbor's order: the collect commands in the agent's container, then the tests
+        (in a container of their own where the task says so)."""
+        checks = self.verifier
+        notes = await collect(sandbox, checks.hooks) if checks else []
+        if checks is not None and checks.separate:
+            await self._resolve_verifier(sandbox)
+        graded = await super().evaluate(sandbox, instance)
+        graded.evidence.notes[:0] = notes
+        return graded
+
+    async def _resolve_verifier(self, sandbox: Sandbox) -> None:
+        """The separate verifier's image (built once) and working directory."""
+        checks = self.verifier
+        assert checks is not None
+        async with self._image_lock:
+            if self._verifier_image is not None:
+                return
+            if not self.provider.capabilities.images:
+                raise SandboxError(
+                    f"{self.task.spec.name}: its tests run in a verifier container of their "
+                    f"own, and {self.provider.name} sandboxes have no images",
+                    fix="run it with the docker provider",
+                )
+            if checks.image is not None:
+                if not await asyncio.to_thread(_present, checks.image):
+                    raise SandboxError(
+                        f"the verifier image {checks.image} is not on this machine",
+                        fix=missing_image_fix(checks.image),
+                    )
+                image = checks.image
+            elif checks.dockerfile:  # built as Harbor builds it: tests/ is the context
+                folder = Path(self.task.path) / "tests"
+                slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_")
+                tag = f"agentrl/verifier-{slug or 'task'}:{folder_hash(folder)}"
+                image = (await asyncio.to_thread(build_recipe, folder, tag)).tag
+            else:  # a fresh container of the task's own image
+                image = sandbox.spec.image
+                self._verifier_workdir = sandbox.spec.workdir
+            if self._verifier_workdir is None:
+                self._verifier_workdir = await asyncio.to_thread(_working_dir, image)
+            self._verifier_image = image
+
     async def grade(self, sandbox: Sandbox, instance: Instance) -> Grade:
         folder = Path(self.task.path)
         needs = offline.read_scripts(verifier_scripts(folder), test_texts(folder))
         offline_only = needs.uses_bootstrap and self.eval_network() is None
-        image = await self.instance_image(instance)
+        image = self._verifier_image or await self.instance_image(instance)
         brought = await offline.install(sandbox, needs, image) if offline_only else []
         try:
             graded = await super().grade(sandbox, instance)
@@ -109,6 +203,19 @@ class TerminalEnv(TaskEnv):
                 tail(done.output),
             )
         return done.output
+
+
+async def collect(sandbox: Sandbox, hooks: tuple[CollectHook, ...]) -> list[str]:
+    """Run Harbor's `[[verifier.collect]]` commands in the agent's container, as Harbor
+    does: in order, each to its timeout, a failure noted and never the end of grading
+    (the tests then find what the command did not leave: the agent's doing)."""
+    notes = []
+    for hook in hooks:
+        done = await sandbox.exec(ExecRequest(command=hook.command, timeout=hook.timeout))
+        how = "timed out" if done.timed_out else f"exited {done.exit_code}"
+        note = f"verifier.collect {hook.command[:80]!r} {how}"
+        notes.append(note if done.exit_code == 0 else f"{note}: {tail(done.output)}")
+    return notes
 
 
 def _working_dir(image: str) -> str:

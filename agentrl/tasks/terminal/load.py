@@ -24,6 +24,7 @@ from agentrl.tasks.spec import (
     TaskSpec,
 )
 from agentrl.tasks.terminal import DEFAULT_TEST_TIMEOUT_S, TESTS_DIR, Format
+from agentrl.tasks.terminal.verifier import harbor_verifier
 from agentrl.yamlfile import load_yaml
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
@@ -164,9 +165,11 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
     instruction_file = root / "instruction.md"
     if not instruction_file.is_file() or not instruction_file.read_text().strip():
         raise ConfigError(f"{root} has no instruction.md (or it is empty)")
-    if not (root / "tests" / "test.sh").is_file():
-        raise ConfigError(f"{root} has no tests/test.sh", fix="add it (Harbor layout)")
     _refuse_unsupported(data, root / "task.toml")
+    checks = harbor_verifier(data, root)
+    test_sh = root / "tests" / "test.sh"
+    if not test_sh.is_file() and checks.image is None:  # a verifier image brings its own
+        raise ConfigError(f"{root} has no tests/test.sh", fix="add it (Harbor layout)")
     environment = _table(data, "environment")
     image = environment.get("docker_image") or None
     dockerfile = root / "environment" / "Dockerfile"
@@ -186,20 +189,22 @@ def _harbor(root: Path) -> tuple[dict[str, Any], SandboxConfig, PythonGrader, fl
     )
     verifier = _table(data, "verifier")
     test_timeout = float(verifier.get("timeout_sec", DEFAULT_TEST_TIMEOUT_S))
+    declared = _declared_outputs(_table(data, "metadata").get("agentrl"), root / "task.toml")
     grader = PythonGrader(
         type="python",
         function=f"{GRADE}:grade_harbor",
-        files={TESTS_DIR: "tests"},
+        files={} if checks.bundled_tests else {TESTS_DIR: "tests"},
         timeout=test_timeout + 60,
         network=True,  # the harness's tests download what they need
-        outputs=_declared_outputs(_table(data, "metadata").get("agentrl"), root / "task.toml"),
+        # what the task collects for its verifier is the agent's work, in either mode
+        outputs=list(dict.fromkeys([*declared, *checks.artifacts])),
     )
     agent_timeout = float(_table(data, "agent").get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S))
     fields = {
         "instruction": instruction_file.read_text().strip(),
         "test_timeout_sec": test_timeout,
         "verifier_env": {str(k): str(v) for k, v in _table(verifier, "env").items()},
-        "pytest": "pytest" in (root / "tests" / "test.sh").read_text(errors="replace"),
+        "pytest": test_sh.is_file() and "pytest" in test_sh.read_text(errors="replace"),
     }
     return fields, sandbox, grader, agent_timeout
 
@@ -287,8 +292,6 @@ UNSUPPORTED = (
     (("steps",), "multi-step tasks ([[steps]]) are not supported", "run each step as a task"),
     (("environment", "gpus"), "tasks that need GPUs are not supported", "drop environment.gpus"),
     (("environment", "mcp_servers"), "MCP servers beside the task are not supported", None),
-    (("verifier", "environment"), "a verifier environment of its own is not supported", None),
-    (("verifier", "environment_mode"), "a separate verifier environment is not supported", None),
 )
 """What of Harbor's task.toml would change how an episode runs or is graded and agentrl
 does not do: refused, never ignored (a task graded otherwise than Harbor grades it is a
@@ -300,7 +303,7 @@ def _refuse_unsupported(data: dict[str, Any], path: Path) -> None:
         value: Any = data
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
-        if value not in (None, [], {}, 0, "shared"):
+        if value not in (None, [], {}, 0):
             raise ConfigError(
                 f"{path}: {'.'.join(keys)}: {what}",
                 fix=fix or "agentrl grades one sandbox per episode from the task's own image",

@@ -92,17 +92,19 @@ NOOP = '<tool_call>{"name": "bash", "arguments": {"command": "true"}}</tool_call
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.corpus(HARBOR)
+@pytest.mark.timeout(1500)  # cold, it builds the dataset's 8 images (CI: beside conformance's)
 def test_run_and_check_take_the_genuine_harbor_dataset(tmp_path: Path) -> None:
-    """`agentrl run DATASET` plays every task of it (a policy that does nothing: graded by
-    each task's own tests, 0), each into its own folder; `agentrl check DATASET` checks
-    its tasks' reference solutions."""
+    """`agentrl run DATASET` plays every task of it side by side (a policy that does
+    nothing: graded by each task's own tests, 0), each into its own folder; `agentrl
+    check DATASET` checks its tasks' reference solutions."""
     folder = _dataset()
     tasks = dataset_tasks(folder)
     script = tmp_path / "noop.json"
     script.write_text(json.dumps([NOOP]))
     out = tmp_path / "run"
     done = agentrl(
-        "run", folder, "--policy", f"scripted:{script}", "--max-turns", "1", "--out", out
+        *("run", folder, "--policy", f"scripted:{script}", "--max-turns", "1", "--out", out),
+        timeout=1200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [t.name for t in tasks]

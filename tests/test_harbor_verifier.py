@@ -215,3 +215,31 @@ def test_shared_mode_runs_the_collect_commands_before_its_tests(
     solved, noop = _grades(task, run_id, SOLVE, "")
     assert solved.reward == 1.0, solved.evidence.output
     assert noop.reward == 0.0
+
+
+def test_what_an_artifact_carries_is_filtered_as_harbors_data_filter_would() -> None:
+    """Device nodes and pipes are left out, so is a link out of its artifact; setuid and
+    setgid bits are cleared; a link within its artifact and plain files stay."""
+    import tarfile
+
+    from agentrl.sandbox.docker.grading import _unsafe
+    from agentrl.sandbox.seal import GradeScope
+
+    scope = GradeScope(outputs=("/app/out", ARTIFACTS_DIR), image="verifier:1")
+
+    def member(name: str, kind: bytes, link: str = "", mode: int = 0o644) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname, info.mode = kind, link, mode
+        return info
+
+    device = member("app/out/null", tarfile.CHRTYPE)
+    fifo = member("app/out/pipe", tarfile.FIFOTYPE)
+    out = member("app/out/t.py", tarfile.SYMTYPE, "/tests/test_outputs.py")
+    up = member("app/out/up", tarfile.SYMTYPE, "../../tests")
+    hard = member("app/out/h", tarfile.LNKTYPE, "etc/passwd")
+    inside = member("app/out/a", tarfile.SYMTYPE, "answer.txt")
+    setuid = member("app/out/sh", tarfile.REGTYPE, mode=0o4755)
+    for bad in (device, fifo, out, up, hard):
+        assert _unsafe(bad, "/" + bad.name, scope) is not None, bad.name
+    assert _unsafe(inside, "/app/out/a", scope) is None
+    assert _unsafe(setuid, "/app/out/sh", scope) is None and setuid.mode == 0o755

@@ -98,6 +98,9 @@ HACKS = {
     "pytest deleted": f"rm -rf {PYTEST}/_pytest {PYTEST}/pytest",
     "the standard library deleted": f"rm -rf {PY}/json {PY}/argparse.py {PY}/__pycache__",
     "/tests made a file": "touch /tests && chmod 000 /tests",
+    # every exec, the grader's too, starts in the working directory
+    "the working directory deleted": "cd / && rm -rf /app",
+    "the working directory made a file": "cd / && rm -rf /app && touch /app",
 }
 
 

@@ -215,6 +215,13 @@ def deliver(
         buffer.seek(0)
         if any(c.kind != "deleted" for c in carried.roots):
             api.put_archive(grader_id, "/", buffer)
+    cwd = posixpath.normpath(scope.cwd)
+    if _exec(api, grader_id, ["test", "-d", cwd], check=False)[0] != 0:
+        # The agent deleted it (or made it a file): every exec starts there, so grading
+        # could not run at all and the agent's damage would pass for the engine's.
+        _exec(api, grader_id, ["rm", "-f", "--", cwd], check=False)
+        _exec(api, grader_id, ["mkdir", "-p", "--", cwd])
+        notes.append(f"the agent removed the working directory {cwd}: made again, empty")
     return Sealed(
         kept=_listed(inside),
         restored=_listed(outside),

@@ -17,7 +17,8 @@ Harbor: `task.toml` (`[agent]`/`[verifier]` `timeout_sec`, `[environment]` `cpus
 `tests/test.sh`, `solution/solve.sh`. Its verifier uploads `tests/` to `/tests`, runs
 `/tests/test.sh` and reads the reward from `/logs/verifier/reward.txt` (or
 `reward.json`). A missing reward file, or a pytest-based test.sh whose output has no
-pytest summary, did not run.
+pytest summary, did not run. Its `[[verifier.collect]]` commands, `artifacts` and a
+verifier container of its own (`environment_mode = "separate"`): `verifier`.
 
 Without internet, the standard uv/pytest bootstrap of these tests runs on agentrl's
 offline test runtime (`offline`), recorded in the grade's evidence.
@@ -25,7 +26,8 @@ Either way the result is a `Task` with one instance; tests reach the sandbox at 
 
 The flow, one module each: `load` reads a folder into a Task; `env` is its runtime (the
 harness's image, the reference solution); `grade` runs the tests as each harness does;
-`offline` brings the tests' bootstrap into the sandbox, from what `downloads` fetched.
+`offline` brings the tests' bootstrap into the sandbox, from what `downloads` fetched;
+`verifier` reads where Harbor's tests run and what reaches them.
 """
 
 from __future__ import annotations

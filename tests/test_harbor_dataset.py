@@ -161,3 +161,40 @@ def test_what_would_grade_otherwise_than_harbor_is_refused_not_ignored(
         load_any(folder)
     assert "\n" not in e.value.message and e.value.fix
     # the verifier's settings: tests/test_harbor_verifier.py
+
+
+@pytest.mark.docker
+def test_a_datasets_tasks_run_side_by_side_each_into_its_folder(tmp_path: Path) -> None:
+    """One dispatcher for the whole dataset (its log counts every task's episodes at
+    once), a folder per task; `--instances` runs only the tasks holding them; `--resume`
+    keeps the folders begun and runs the tasks not begun."""
+    dataset = tmp_path / "dataset"
+    for name in ("alpha", "beta", "gamma"):
+        _harbor_task(dataset / name, 'version = "1.0"\n')
+        (dataset / name / "environment" / "Dockerfile").write_text(
+            "FROM agentrl/base:bookworm\nWORKDIR /app\n"
+        )
+    script = tmp_path / "noop.json"
+    script.write_text(json.dumps([NOOP]))
+    out = tmp_path / "run"
+    run = ("run", dataset, "--policy", f"scripted:{script}", "--max-turns", "1", "--out", out)
+    done = agentrl(*run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dataset: 3 episodes to run" in done.stderr  # one stream, all three tasks
+    assert sorted(p.name for p in out.iterdir()) == ["alpha", "beta", "gamma"]
+    first = {}
+    for name in ("alpha", "beta", "gamma"):
+        (traj,) = TrajectoryStore(out / name / "trajectories.jsonl")
+        assert traj.task == name and traj.reward == 1.0  # test.sh writes 1
+        first[name] = traj.trajectory_id, traj.seconds
+    shutil.rmtree(out / "gamma")
+    again = agentrl(*run, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "dataset: 1 episodes to run" in again.stderr  # gamma only
+    for name in ("alpha", "beta"):
+        (traj,) = TrajectoryStore(out / name / "trajectories.jsonl")
+        assert (traj.trajectory_id, traj.seconds) == first[name]  # kept, not run again
+    assert len(list(TrajectoryStore(out / "gamma" / "trajectories.jsonl"))) == 1
+    only = agentrl(*run[:-1], tmp_path / "only", "--instances", "beta")
+    assert only.returncode == 0, only.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "only").iterdir()) == ["beta"]

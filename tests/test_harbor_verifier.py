@@ -16,10 +16,10 @@ from pathlib import Path
 
 import docker
 import pytest
+from redteam.hacking import attempt
 
 from agentrl.episode import make_env
 from agentrl.errors import ConfigError, GraderError
-from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.evidence import Grade
 from agentrl.tasks.formats import load_any
@@ -63,25 +63,9 @@ def _task(folder: Path, verifier: str = SEPARATE, toml: str = TOML) -> Path:
     return folder
 
 
-async def _episode(task: Task, run_id: str, script: str) -> Grade | GraderError:
-    env = make_env(task, DockerProvider(reap_at_start=False), run_id)
-    instance = task.instances[0]
-    sandbox = await env.init(instance, "verifier")
-    try:
-        if script:
-            done = await sandbox.exec(ExecRequest(command=script, timeout=60))
-            assert done.exit_code == 0, done.output
-        try:
-            return await env.evaluate(sandbox, instance)
-        except GraderError as e:
-            return e
-    finally:
-        await sandbox.close()
-
-
 def _grades(task: Task, run_id: str, *scripts: str) -> list[Grade]:
     async def go() -> list[Grade | GraderError]:
-        return await asyncio.gather(*(_episode(task, run_id, s) for s in scripts))
+        return await asyncio.gather(*(attempt(task, run_id, s) for s in scripts))
 
     done = asyncio.run(go())
     assert all(isinstance(g, Grade) for g in done), done
@@ -201,7 +185,7 @@ def test_a_missing_verifier_image_is_infrastructure_with_its_fix(
         _task(tmp_path / "t", '[verifier.environment]\ndocker_image = "nowhere/verifier:0"')
     )
     with pytest.raises(SandboxError, match="nowhere/verifier:0 is not on this machine") as e:
-        asyncio.run(_episode(task, run_id, SOLVE))
+        asyncio.run(attempt(task, run_id, SOLVE))
     assert e.value.fix
 
 

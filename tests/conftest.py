@@ -3,14 +3,13 @@ a tiny randomly initialised Llama for learner tests that need no real model, and
 `agentrl serve-tinker` serving it. And the suite's time guard: a test not marked `slow`
 or `e2e` fails when its call takes more than `UNMARKED_LIMIT_S`.
 
-The suite runs in two pytest-xdist workers, one test file at a time each, in file-name
-order (pyproject.toml addopts: `-n 2 --dist loadfile --no-loadscope-reorder`; `-n 0` runs it
-in one process): each worker runs its files in the order a serial run does. That order was
-first kept because pty shells crashed in their fork in a worker that had run other files
-first (faulthandler: Segmentation fault in pty.fork, in the child): Python run in a forked
-child of a process holding torch and the rest. Nothing forks that way any more
-(`agentrl.sandbox.shell.spawn_on_pty`, `sigint_as_a_terminal_sends`); the order stays, for
-runs that compare."""
+The suite runs in two pytest-xdist workers, one test file at a time each, the files with
+the most tests first (pyproject.toml addopts: `-n 2 --dist loadfile`; `-n 0` runs it in one
+process). Files once went out in name order, because pty shells crashed in their fork in a
+worker that had run other files first (faulthandler: Segmentation fault in pty.fork, in the
+child): Python run in a forked child of a process holding torch and the rest. Nothing forks
+that way any more (`agentrl.sandbox.shell.spawn_on_pty`, `sigint_as_a_terminal_sends`), and
+name order left one worker idle for minutes at the end (19:47 against 15:48 here)."""
 
 from __future__ import annotations
 

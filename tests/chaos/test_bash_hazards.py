@@ -45,7 +45,7 @@ GROUPS: dict[str, dict[str, Any]] = {
 class Case:
     group: str
     command: str
-    says: str = ""  # in the hazard's observation
+    says: str | tuple[str, ...] = ""  # in the hazard's observation (one of them)
     within: float = 8.0  # seconds the hazard's observation may take
     next_says: str = ""  # in the `echo ok` observation, after "ok"
     cleanup: str = ""  # run after `echo ok`, so the group's next case starts clean
@@ -59,7 +59,9 @@ REPO = (
 OVER = "over its 64 MiB disk limit"
 CASES = {
     # Processes: a bomb that returns at once, and two loops that run into the pids limit.
-    "fork-bomb": Case("pids", ":(){ :|:& };:", says=OUT_OF_PIDS),
+    # Backgrounded, the bomb may hit the pids limit before the look after the command,
+    # or be found there still growing: either way it is stopped and the agent told why.
+    "fork-bomb": Case("pids", ":(){ :|:& };:", says=(OUT_OF_PIDS, "processes were left running")),
     "background-loop-bomb": Case("pids", "while :; do sleep 100 & done", says=OUT_OF_PIDS),
     "seq-bomb": Case("pids", "for i in $(seq 2000); do sleep 1000 & done", says=OUT_OF_PIDS),
     # Output, pagers, editors, the terminal.
@@ -180,7 +182,8 @@ def test_hazard_is_contained(name: str, sandboxes: Sandboxes) -> None:
     obs = sandboxes.run(bash(box, command=case.command))
     took = time.monotonic() - start
     assert took < case.within, f"{took:.1f} s: {obs.text[-500:]}"
-    assert case.says in obs.text, obs.text[-1000:]
+    says = (case.says,) if isinstance(case.says, str) else case.says
+    assert any(said in obs.text for said in says), obs.text[-1000:]
     if case.wait_idle_clear:
         sandboxes.run(_wait_idle_clear(box, box.spec.disk_mb))
 

@@ -50,6 +50,10 @@ class TerminalEnv(TaskEnv):
     """A separate verifier's image, once EVAL first resolved it."""
     _verifier_workdir: str | None = None
 
+    @cached_property
+    def _verifier_lock(self) -> asyncio.Lock:
+        return asyncio.Lock()
+
     async def resolve_image(self) -> str:
         prebuilt = prebuilt_image(Path(self.task.path))
         if (
@@ -125,16 +129,16 @@ class TerminalEnv(TaskEnv):
         checks = self.verifier
         notes = await collect(sandbox, checks.hooks) if checks else []
         if checks is not None and checks.separate:
-            await self._resolve_verifier(sandbox)
+            await self._resolve_verifier(sandbox, instance)
         graded = await super().evaluate(sandbox, instance)
         graded.evidence.notes[:0] = notes
         return graded
 
-    async def _resolve_verifier(self, sandbox: Sandbox) -> None:
+    async def _resolve_verifier(self, sandbox: Sandbox, instance: Instance) -> None:
         """The separate verifier's image (built once) and working directory."""
         checks = self.verifier
         assert checks is not None
-        async with self._image_lock:
+        async with self._verifier_lock:
             if self._verifier_image is not None:
                 return
             if not self.provider.capabilities.images:
@@ -155,8 +159,8 @@ class TerminalEnv(TaskEnv):
                 slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_")
                 tag = f"agentrl/verifier-{slug or 'task'}:{folder_hash(folder)}"
                 image = (await asyncio.to_thread(build_recipe, folder, tag)).tag
-            else:  # a fresh container of the task's own image
-                image = sandbox.spec.image
+            else:  # a fresh container of the task's own image (never a snapshot's)
+                image = await self.instance_image(instance)
                 self._verifier_workdir = sandbox.spec.workdir
             if self._verifier_workdir is None:
                 self._verifier_workdir = await asyncio.to_thread(_working_dir, image)

@@ -20,6 +20,7 @@ from redteam.hacking import attempt
 
 from agentrl.episode import make_env
 from agentrl.errors import ConfigError, GraderError
+from agentrl.sandbox.base import ExecRequest
 from agentrl.sandbox.docker import DockerProvider
 from agentrl.tasks.evidence import Grade
 from agentrl.tasks.formats import load_any
@@ -227,3 +228,33 @@ def test_what_an_artifact_carries_is_filtered_as_harbors_data_filter_would() -> 
         assert _unsafe(bad, "/" + bad.name, scope) is not None, bad.name
     assert _unsafe(inside, "/app/out/a", scope) is None
     assert _unsafe(setuid, "/app/out/sh", scope) is None and setuid.mode == 0o755
+
+
+@pytest.mark.docker
+def test_a_restored_sandbox_is_graded_by_a_verifier_from_the_tasks_image(
+    tmp_path: Path, run_id: str
+) -> None:
+    """Replay and resume grade restored sandboxes: the verifier still starts from the
+    task's image, never the snapshot's (which holds everything the agent left), so a file
+    outside the artifacts stays out."""
+    task = load_any(_task(tmp_path / "t"))
+
+    async def go() -> Grade:
+        env = make_env(task, DockerProvider(reap_at_start=False), run_id)
+        instance = task.instances[0]
+        first = await env.init(instance, "first")
+        try:
+            done = await first.exec(ExecRequest(command=f"{SOLVE} && echo x > /app/loose.txt"))
+            assert done.exit_code == 0, done.output
+            snapshot = await first.snapshot("solved")
+        finally:
+            await first.close()
+        restored = await env.restore(instance, snapshot, "restored")
+        try:
+            return await env.evaluate(restored, instance)
+        finally:
+            await restored.close()
+            await env.remove_snapshot(snapshot)
+
+    graded = asyncio.run(go())
+    assert graded.reward == 1.0 and graded.components["loose"] == 0, graded.evidence.output

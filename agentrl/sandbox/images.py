@@ -251,6 +251,12 @@ def build_network() -> str:
     return os.environ.get("AGENTRL_BUILD_NETWORK") or "host"
 
 
+def repo_slug(name: str, default: str) -> str:
+    """`name` as a Docker repository name's last part (lower case, no odd characters);
+    `default` where nothing is left."""
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip(".-_") or default
+
+
 def image_tag(name: str) -> str:
     """The tag recipe `name` is built as."""
     return f"agentrl/{name}:{SUITE}"
@@ -302,8 +308,7 @@ def build_recipe(
     start = time.monotonic()
     digest = recipe_digest(folder)
     if tag is None:
-        slug = re.sub(r"[^a-z0-9_.-]+", "-", folder.resolve().name.lower()).strip(".-_")
-        tag = f"agentrl/task-{slug or 'recipe'}:{digest}"
+        tag = f"agentrl/task-{repo_slug(folder.resolve().name, 'recipe')}:{digest}"
     emit = progress or logger.debug
     client = docker_client(timeout=600)
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Protocol
 
 from agentrl.errors import ConfigError, GraderError, SandboxError, one_line
 from agentrl.sandbox.base import ExecRequest, Sandbox, SandboxProvider, SandboxSpec
-from agentrl.sandbox.images import build_recipe, folder_hash
+from agentrl.sandbox.images import build_recipe, folder_hash, repo_slug
 from agentrl.sandbox.seal import GradeScope, scope_for, within
 from agentrl.tasks.evidence import DidNotRun, Grade
 from agentrl.tasks.graders import fill, grade
@@ -399,8 +398,7 @@ class TaskEnv:
         if not self.provider.capabilities.images:  # e.g. the local provider
             return DEFAULT_IMAGE
         folder = self._local(config.recipe)
-        slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_") or "task"
-        tag = f"agentrl/task-{slug}:{folder_hash(folder)}"
+        tag = f"agentrl/task-{repo_slug(self.task.spec.name, 'task')}:{folder_hash(folder)}"
         info = await asyncio.to_thread(build_recipe, folder, tag)
         self.standin = info.standin
         return info.tag

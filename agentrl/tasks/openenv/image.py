@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from agentrl.errors import ImageBuildError
-from agentrl.sandbox.images import RECIPE_LABEL, Progress, build_context, folder_hash
+from agentrl.sandbox.images import RECIPE_LABEL, Progress, build_context, folder_hash, repo_slug
 
 CACHE_MOUNT = re.compile(r"--mount=type=cache(?:,[^\s\\]*)?\s*")
 BUILDKIT_ONLY = (
@@ -44,8 +44,7 @@ def dockerfile_of(folder: Path) -> Path:
 
 def env_image_tag(name: str, recipe: str) -> str:
     """The tag of environment `name`'s image built from files whose hash is `recipe`."""
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip(".-_") or "env"
-    return f"agentrl/openenv-{slug}:{recipe}"
+    return f"agentrl/openenv-{repo_slug(name, 'env')}:{recipe}"
 
 
 def build_env_image(folder: Path, name: str, progress: Progress | None = None) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from docker.errors import ImageNotFound
 from agentrl import atomic
 from agentrl.cache import cache_root
 from agentrl.errors import ConfigError, ImageBuildError
-from agentrl.sandbox.images import ImageInfo, build_recipe, docker_client, folder_hash
+from agentrl.sandbox.images import ImageInfo, build_recipe, docker_client, folder_hash, repo_slug
 from agentrl.tasks.spec import DEFAULT_IMAGE, Instance
 from agentrl.tasks.swe import BASE_TAG, R2E_RUNNER, R2E_TESTS, WORKDIR, Format
 from agentrl.tasks.swe.rows import Source
@@ -70,8 +69,8 @@ def find_or_build_image(instance: Instance, base_dir: Path, fmt: Format = "swe-b
 def build_instance_image(instance: Instance, base_dir: Path) -> ImageInfo:
     """Build (once per recipe hash) the base image plus the instance's repository at /testbed."""
     folder = prepare_context(instance, base_dir)
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", instance.id.lower()).strip(".-_") or "instance"
-    return build_recipe(folder, f"agentrl/swe-{slug}:{folder_hash(folder)}")
+    name = repo_slug(instance.id, "instance")
+    return build_recipe(folder, f"agentrl/swe-{name}:{folder_hash(folder)}")
 
 
 def prepare_context(instance: Instance, base_dir: Path) -> Path:
@@ -118,8 +117,8 @@ def prepare_image(image: str, instance: Instance, fmt: Format) -> str:
         'RUN ["rm", "-rf", "/tmp/agentrl-prepare"]\n'
     )
     _write_if_changed(folder / "Dockerfile", dockerfile.encode())
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", instance.id.lower()).strip(".-_") or "instance"
-    return build_recipe(folder, f"agentrl/swe-start-{slug}:{folder_hash(folder)}").tag
+    name = repo_slug(instance.id, "instance")
+    return build_recipe(folder, f"agentrl/swe-start-{name}:{folder_hash(folder)}").tag
 
 
 def _prepare_script(instance: Instance, fmt: Format) -> str:

@@ -8,14 +8,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-import re
 import tomllib
 from functools import cached_property
 from pathlib import Path
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecRequest, ExecResult, Sandbox, SandboxSpec
-from agentrl.sandbox.images import build_recipe, docker_client, folder_hash, missing_image_fix
+from agentrl.sandbox.images import (
+    build_recipe,
+    docker_client,
+    folder_hash,
+    missing_image_fix,
+    repo_slug,
+)
 from agentrl.sandbox.seal import GradeScope
 from agentrl.tasks.env import EVAL_NETWORK, TaskEnv, put_path
 from agentrl.tasks.evidence import DidNotRun, Grade, tail
@@ -156,8 +161,8 @@ class TerminalEnv(TaskEnv):
                 image = checks.image
             elif checks.dockerfile:  # built as Harbor builds it: tests/ is the context
                 folder = Path(self.task.path) / "tests"
-                slug = re.sub(r"[^a-z0-9_.-]+", "-", self.task.spec.name.lower()).strip(".-_")
-                tag = f"agentrl/verifier-{slug or 'task'}:{folder_hash(folder)}"
+                name = repo_slug(self.task.spec.name, "task")
+                tag = f"agentrl/verifier-{name}:{folder_hash(folder)}"
                 image = (await asyncio.to_thread(build_recipe, folder, tag)).tag
             else:  # a fresh container of the task's own image (never a snapshot's)
                 image = await self.instance_image(instance)

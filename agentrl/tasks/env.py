@@ -217,10 +217,14 @@ class TaskEnv:
     def scope(self, sandbox: Sandbox) -> GradeScope:
         """What the grader examines (`agentrl.sandbox.seal`), read from the task's files
         once per workdir; grading online if it may."""
-        workdir = sandbox.spec.workdir
+        scope = self.scope_at(sandbox.spec.workdir)
+        return scope.model_copy(update={"network": self.eval_network()})
+
+    def scope_at(self, workdir: str) -> GradeScope:
+        """`grade_scope(workdir)`, read once per workdir."""
         if workdir not in self._scopes:
             self._scopes[workdir] = self.grade_scope(workdir)
-        return self._scopes[workdir].model_copy(update={"network": self.eval_network()})
+        return self._scopes[workdir]
 
     def grade_scope(self, workdir: str) -> GradeScope:
         """The workdir, the task's declared outputs and the paths its grader's files name."""

@@ -122,7 +122,7 @@ class TerminalEnv(TaskEnv):
                 "tests": (TESTS_DIR,),
                 "lookup": (TESTS_DIR,),
                 "cwd": workdir,
-                "runtime": self.grade_scope(workdir).runtime,
+                "runtime": self.scope_at(workdir).runtime,
                 "image": image,
                 "env": self.task.spec.sandbox.env if checks.env is None else checks.env,
             }

@@ -215,8 +215,9 @@ def deliver(
         buffer.seek(0)
         if any(c.kind != "deleted" for c in carried.roots):
             api.put_archive(grader_id, "/", buffer)
-    cwd = posixpath.normpath(scope.cwd)
-    if _exec(api, grader_id, ["test", "-d", cwd], check=False)[0] != 0:
+    cwd = posixpath.normpath(scope.cwd)  # the copy's workdir: the engine made it at create
+    replaced = any(within(cwd, c.path) for c in carried.roots)  # removed above, maybe for good
+    if replaced and _exec(api, grader_id, ["test", "-d", cwd], check=False)[0] != 0:
         # The agent deleted it (or made it a file): every exec starts there, so grading
         # could not run at all and the agent's damage would pass for the engine's.
         _exec(api, grader_id, ["rm", "-f", "--", cwd], check=False)

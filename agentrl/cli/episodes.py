@@ -30,17 +30,19 @@ def run(args: argparse.Namespace) -> int:
     """One task; a dataset folder runs its tasks side by side (one dispatcher, its slots
     across them), each into a folder of its own under --out (the exit code is the worst
     of theirs)."""
+    from agentrl.cli.evaluate import _policy_name
     from agentrl.tasks.formats import expand
 
     paths = expand([args.task])
+    played = (_policy_name(args.policy), _model(args))  # read once for all the tasks
     if len(paths) == 1 and paths[0] == Path(args.task):
-        job = _job(args, paths[0], args.out, strict=True)
+        job = _job(args, paths[0], args.out, played, strict=True)
         again = "--resume" if args.out else f"--out {job.out_dir} --resume"
-        (summary,) = _play(args, [job], again)
+        (summary,) = _play(args, [job], played[1], again)
         return _report(summary, job.out_dir)
     base = args.out or Path("runs") / f"{Path(args.task).name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ids = instance_ids(args.instances)
-    jobs = [_job(args, p, base / p.name, strict=False) for p in paths]
+    jobs = [_job(args, p, base / p.name, played, strict=False) for p in paths]
     if ids:
         jobs = [j for j in jobs if j.task.instances]
         if not jobs:
@@ -50,14 +52,21 @@ def run(args: argparse.Namespace) -> int:
             )
     console.print(f"{args.task}: a dataset of {len(jobs)} tasks, each run into {base}/<task>")
     again = "--resume" if args.out else f"--out {base} --resume"
-    summaries = _play(args, jobs, again, name=Path(args.task).name)
+    summaries = _play(args, jobs, played[1], again, name=Path(args.task).name)
     return max(_report(s, j.out_dir, brief=True) for s, j in zip(summaries, jobs, strict=True))
 
 
-def _job(args: argparse.Namespace, path: Path, out: Path | None, *, strict: bool) -> RunJob:
+def _job(
+    args: argparse.Namespace,
+    path: Path,
+    out: Path | None,
+    played: tuple[str, str],
+    *,
+    strict: bool,
+) -> RunJob:
     """The task at `path` as `agentrl run ARGS` runs it, into `out` (claimed: refused
-    where it holds something the flags do not say what to do with)."""
-    from agentrl.cli.evaluate import _policy_name
+    where it holds something the flags do not say what to do with); `played`: the
+    policy's name and the model whose tokenizer the ids are in."""
     from agentrl.runner import RunJob, run_spec
     from agentrl.tasks.formats import load_any
     from agentrl.tasks.select import select_instances, with_overrides
@@ -73,7 +82,7 @@ def _job(args: argparse.Namespace, path: Path, out: Path | None, *, strict: bool
     if task.instances:
         # in a dataset, --resume goes on with the tasks begun and starts the others
         _claim(out, resume=args.resume and (strict or out.is_dir()), overwrite=args.overwrite)
-    spec = run_spec(task, _policy_name(args.policy), _model(args), overrides)
+    spec = run_spec(task, *played, overrides)
     return RunJob(task, out, spec)
 
 
@@ -86,10 +95,10 @@ def _model(args: argparse.Namespace) -> str:
 
 
 def _play(
-    args: argparse.Namespace, jobs: list[RunJob], again: str, name: str | None = None
+    args: argparse.Namespace, jobs: list[RunJob], model: str, again: str, name: str | None = None
 ) -> list[RunSummary]:
-    """Run `jobs` with the policy; after Ctrl-C, say what each folder holds and `again`:
-    the flags that continue it."""
+    """Run `jobs` with the policy, its ids in `model`'s tokenizer; after Ctrl-C, say what
+    each folder holds and `again`: the flags that continue it."""
     from pydantic import TypeAdapter
 
     from agentrl.dispatch import DispatchConfig
@@ -101,7 +110,6 @@ def _play(
     dispatcher = TypeAdapter(DispatchConfig).validate_python(
         {"type": args.dispatcher, "concurrency": args.concurrency}
     )
-    model = _model(args)
     tokenizer = model_tokenizer(model)
     sampler = parse_policy(args.policy).build(tokenizer=tokenizer)
 

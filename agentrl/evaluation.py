@@ -39,6 +39,7 @@ from agentrl.errors import ConfigError, TrajectoryError
 from agentrl.preflight import preflight
 from agentrl.run_info import RunInfo, read_run_info, write_run_info
 from agentrl.scores import Outcome, Scores, score
+from agentrl.snapshots import Retention
 from agentrl.trajectory import INFRA_STOP_REASONS, Trajectory, TrajectoryStore
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ async def run_attempts(
     await preflight(list(envs.values()), sampler, tokenizer)
     evaluation.start(run_id, provider.name, model=model, retry_infra=retry_infra)
     instances = {(t.spec.name, i.id): i for t in tasks for i in t.instances}
-    factory = Episodes(sampler, tokenizer, envs, journal=evaluation.journal)
+    factory = Episodes(sampler, tokenizer, envs, journal=evaluation.journal, retention=Retention())
     # Episodes hold their tokenized prompts: built a chunk at a time, not thousands at once.
     chunks = [todo[i : i + CHUNK] for i in range(0, len(todo), CHUNK)]
     with progress_bars(show_progress) as progress:

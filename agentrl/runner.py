@@ -33,6 +33,7 @@ from agentrl.errors import ConfigError
 from agentrl.inference.base import Sampler
 from agentrl.preflight import preflight
 from agentrl.run_info import read_run_info
+from agentrl.snapshots import Retention
 from agentrl.tasks.spec import SnapshotPolicy, Task
 from agentrl.trajectory import BRANCHES, Trajectory, TrajectoryStore
 
@@ -168,7 +169,7 @@ async def run_tasks(
     envs = {r.task.spec.name: make_env(r.task, provider, r.run_id) for r in going}
     if going:
         await preflight(list(envs.values()), sampler, tokenizer)  # before anything is written
-    episodes = []
+    episodes, retention = [], Retention()  # one bound on kept snapshots per task of the run
     for r in going:
         r.folder.start(r.run_id, provider.name, model=model)
         if overwrite:
@@ -178,7 +179,7 @@ async def run_tasks(
             ids = {f"{o.instance}_{o.attempt}" for o in r.folder.done}
             _keep_conversations(r.out_dir / CONVERSATIONS, ids)
         instances = {i.id: i for i in r.task.instances}
-        factory = Episodes(sampler, tokenizer, envs, snapshots, r.folder.journal)
+        factory = Episodes(sampler, tokenizer, envs, snapshots, r.folder.journal, retention)
         episodes += [factory.fresh(r.task, instances[inst], k) for _, inst, k in r.todo]
     by_task = {r.task.spec.name: r for r in going}
 

@@ -8,6 +8,8 @@ Retention: a full-reward success keeps its snapshots only if it falls in the
 the others are removed at close and recorded as none. An episode trained with branch
 credit also commits the states its branches need and holds every snapshot at close;
 `reclaimable` then says which of them the replay policy would not have kept.
+What the finished episodes of a run keep stays within each task's `keep_gb`
+(`Retention`): past it, the episodes that finished first lose theirs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from agentrl.errors import AgentRLError
 from agentrl.sandbox.base import Sandbox
@@ -144,6 +149,87 @@ class Snapshots:
             if snapshot_id in ids:
                 with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
                     await remove(snapshot_id)
+
+
+class SnapshotStore(Protocol):
+    """Where a task's snapshots live (its `EpisodeEnv`): how big one is, and removing it."""
+
+    async def snapshot_bytes(self, snapshot_id: str) -> int: ...
+
+    async def remove_snapshot(self, snapshot_id: str) -> int: ...
+
+
+@dataclass
+class _Kept:
+    store: SnapshotStore
+    ids: list[str]  # in the order they were made
+    size: int
+
+
+@dataclass
+class Retention:
+    """The snapshots a run's finished episodes keep (for replay, `agentrl failures`),
+    per task, oldest first. Each task's snapshot policy may bound them (`keep_gb`):
+    once an episode's are counted in and the task's total passes the bound, the
+    episodes that finished first lose all of theirs until it is back under (a replay of
+    one then finds its snapshots removed and runs INIT again). So a run of days holds a
+    bounded window of its newest failures, where without a bound the disk fills (2.3 GB
+    an hour at 64 SWE sandboxes on 2 CPUs, benchmarks/full_shape.py).
+
+    One per run, shared by the factories of its episodes (`Episodes`) and by branch
+    credit's reclaiming. What a killed process had kept is not counted by the one that
+    resumes it (`agentrl gc --snapshots --run RUN_ID` removes a run's)."""
+
+    _kept: dict[str, OrderedDict[str, _Kept]] = field(default_factory=dict)
+    _bytes: dict[str, int] = field(default_factory=dict)
+    removed_episodes: int = 0
+    freed_bytes: int = 0
+
+    def bytes(self, task: str) -> int:
+        """What task `task`'s finished episodes keep, as measured when they finished."""
+        return self._bytes.get(task, 0)
+
+    async def keep(
+        self,
+        task: str,
+        key: str,
+        ids: list[str],
+        policy: SnapshotPolicy,
+        store: SnapshotStore,
+    ) -> None:
+        """Count in episode `key`'s kept snapshots `ids` (in the order made), then remove
+        the oldest episodes' while the task's total is over `policy.keep_gb`."""
+        if policy.keep_gb is None or not ids:
+            return
+        sizes = await asyncio.gather(
+            *(store.snapshot_bytes(i) for i in ids), return_exceptions=True
+        )  # one the engine cannot size now counts 0: a bound a little loose, never a crash
+        size = sum(n for n in sizes if isinstance(n, int))
+        kept = self._kept.setdefault(task, OrderedDict())
+        before = kept.pop(key, None)  # counted again (a resumed episode's): once, newest
+        kept[key] = _Kept(store, list(ids), size)
+        total = self._bytes.get(task, 0) - (before.size if before else 0) + kept[key].size
+        limit = int(policy.keep_gb * 2**30)
+        victims = []
+        while total > limit and kept:  # chosen before any await: closes run side by side
+            _, oldest = kept.popitem(last=False)
+            total -= oldest.size
+            victims.append(oldest)
+        self._bytes[task] = total
+        for victim in victims:
+            for snapshot_id in reversed(victim.ids):  # newest first: a child before its parent
+                with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+                    self.freed_bytes += await victim.store.remove_snapshot(snapshot_id)
+            self.removed_episodes += 1
+        if victims:
+            log.info(
+                "%s: removed the snapshots of %d finished episode(s) to keep within "
+                "keep_gb %g (%d removed this run)",
+                task,
+                len(victims),
+                policy.keep_gb,
+                self.removed_episodes,
+            )
 
 
 def _record(record: Turn | EnvInfo, snapshot_id: str | None) -> None:

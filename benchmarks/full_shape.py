@@ -23,8 +23,10 @@ Two phases, both on the real Docker engine:
    with requests kept, `--transfer-s`). Episodes run through the pipeline dispatcher
    (`--slots` generation slots, `--sandboxes` live sandboxes) with replay points every
    `--snapshot-every` turns and the run's journal (crash recovery at the turn; every
-   `--probe-every-s` it counts the turns a kill then would lose), and are
-   graded by the instance's own tests in the grading copy.
+   `--probe-every-s` it counts the turns a kill then would lose), are
+   graded by the instance's own tests in the grading copy, and are written to
+   `trajectories.jsonl` as a run writes them. What finished episodes keep of their
+   snapshots is bounded by `--keep-gb` (`snapshots.keep_gb`; 0: no bound).
 
 Workload (seeded; lognormal = median * exp(sigma * N(0, 1)), clipped): turns per episode
 lognormal(36, 0.3) in [30, 50] (the SWE recipe allows 50; SWE-agent rollouts average 18-24
@@ -42,8 +44,9 @@ Reported (JSON, default benchmarks/results/full_shape.json, and a plot beside it
 episodes and turns per hour; control-plane CPU per turn (this process, and the Docker
 engine's daemons); generation-slot utilisation; sandbox memory and writable-layer disk
 per episode (the most each container reached); snapshot images and bytes over time and
-after reclamation (`agentrl gc` of the run); this process's resident memory and the
-engine's over time; the journal's size; errors and infrastructure failures by kind.
+after reclamation (`agentrl gc` of the run), and what the keep_gb bound removed; this
+process's resident memory and the engine's over time; the journal's and the trajectory
+file's size; errors and infrastructure failures by kind.
 """
 
 from __future__ import annotations
@@ -80,13 +83,14 @@ from agentrl.inference.simulated import LatencyModel, Script, SimulatedSampler
 from agentrl.sandbox.base import ExecRequest, SandboxSpec
 from agentrl.sandbox.docker import DockerProvider, remove_run
 from agentrl.sandbox.docker.engine import SNAPSHOT_OF
+from agentrl.snapshots import Retention
 from agentrl.tasks.formats import load_any
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.tasks.swe.testbed import testbed_tag as image_tag
 from agentrl.tools.bash import BashTool
 from agentrl.train.admission import Admission, Group, GroupBuffer
 from agentrl.train.branches import collect_group
-from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory
+from agentrl.trajectory import INFRA_STOP_REASONS, StopReason, Trajectory, TrajectoryStore
 
 RESULTS = Path(__file__).parent / "results"
 LATENCY = LatencyModel()
@@ -233,11 +237,13 @@ class Monitor:
         client: Any,
         run_id: str,
         journal: Path,
+        trajectories: Path,
         every_s: float,
         log: Path | None = None,
         progress: Callable[[], str] = str,
     ) -> None:
         self.client, self.run_id, self.journal, self.every_s = client, run_id, journal, every_s
+        self.trajectories = trajectories
         self.log, self.progress = log, progress  # a line a person can follow, each sample
         self.rows: list[dict[str, Any]] = []
         self.peak_memory: dict[str, int] = {}  # container name -> most bytes seen
@@ -292,6 +298,10 @@ class Monitor:
                 "journal_mb": round(
                     self.journal.stat().st_size / 2**20 if self.journal.exists() else 0.0, 2
                 ),
+                "trajectories_mb": round(
+                    self.trajectories.stat().st_size / 2**20 if self.trajectories.exists() else 0,
+                    1,
+                ),
             }
         )
 
@@ -304,7 +314,8 @@ class Monitor:
                 f"({r['container_memory_mb']:.0f} MB)  {self.progress()}  driver "
                 f"{r['rss_mb']:.0f} MB  engine {r['engine_rss_mb']:.0f} MB  snapshots "
                 f"{r['snapshots']} ({r['snapshot_mb']:.0f} MB)  docker disk "
-                f"{r['docker_disk_gb']} GB  journal {1000 * r['journal_mb']:.0f} KB"
+                f"{r['docker_disk_gb']} GB  journal {1000 * r['journal_mb']:.0f} KB  "
+                f"trajectories {r['trajectories_mb']:.0f} MB"
             )
             print(line, flush=True)
             if self.log is not None:
@@ -409,13 +420,15 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
     make, planned = policy(task, args.seed, args.solve)
     sampler = SimulatedSampler(make, tokenizer, LATENCY, transfer_s=args.transfer_s)
     journal = Journal(out_dir / "inflight.jsonl")
-    factory = Episodes(
-        sampler,
-        tokenizer,
-        {task.spec.name: env},
-        SnapshotPolicy(every=args.snapshot_every, keep_successful=0.0, keep_every=args.keep_every),
-        journal,
+    store = TrajectoryStore(out_dir / "trajectories.jsonl")
+    retention = Retention()
+    snapshots = SnapshotPolicy(
+        every=args.snapshot_every,
+        keep_successful=0.0,
+        keep_every=args.keep_every,
+        keep_gb=args.keep_gb or None,
     )
+    factory = Episodes(sampler, tokenizer, {task.spec.name: env}, snapshots, journal, retention)
     B, n, S = args.batch, args.group, args.staleness
     buf = GroupBuffer(Admission.resumed(B, S, 0))
     feed, groups = Feed(), {}
@@ -428,7 +441,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         return f"{len(trajs)} episodes back ({turns} turns, {solved} resolved), {len(steps)} steps"
 
     monitor = Monitor(
-        client, run_id, journal.path, args.sample_s, out_dir / "progress.log", progress
+        client, run_id, journal.path, store.path, args.sample_s, out_dir / "progress.log", progress
     )
     steps: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60 * args.minutes
@@ -508,6 +521,7 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         async with aclosing(built.run(feed)) as stream:
             async for traj in stream:
                 trajs.append(Back.of(traj))
+                await asyncio.to_thread(store.append, traj)  # as a run writes it
                 live.pop(traj.trajectory_id, None)
                 journal.closed(traj.task, traj.trajectory_id)  # as a run records it
                 if (group := collect_group(traj, groups, feed, None)) is not None:
@@ -558,6 +572,15 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         "peak_live_sandboxes": (metrics.peaks if metrics else {}),
         "sandbox_memory_mb_per_episode": stats([v / 2**20 for v in monitor.peak_memory.values()]),
         "sandbox_disk_mb_per_episode": stats([v / 2**20 for v in monitor.peak_disk.values()]),
+        "keep_gb": args.keep_gb or None,
+        "kept_mb_at_end": round(retention.bytes(task.spec.name) / 2**20, 1),
+        "keep_gb_removed": {
+            "episodes": retention.removed_episodes,
+            "mb": round(retention.freed_bytes / 2**20, 1),
+        },
+        "trajectory_kb_per_episode": round(
+            store.path.stat().st_size / 1024 / max(len(trajs), 1), 1
+        ),
         "snapshots_before_gc": {k: before_gc[k] for k in ("snapshots", "snapshot_mb")},
         "reclaimed": freed.model_dump() if hasattr(freed, "model_dump") else str(freed),
         "after_gc": {k: monitor.rows[-1][k] for k in ("snapshots", "snapshot_mb")},
@@ -603,6 +626,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax = axes[0][1]
     ax.plot(t, [r["snapshot_mb"] for r in rows], label="snapshot layers (MB)")
     ax.plot(t, [1000 * r["journal_mb"] for r in rows], label="journal (KB)")
+    ax.plot(t, [r.get("trajectories_mb", 0) for r in rows], label="trajectories.jsonl (MB)")
+    if keep := (result.get("rehearsal") or {}).get("keep_gb"):
+        ax.axhline(1024 * keep, color="grey", ls="--", lw=1, label="keep_gb (finished episodes')")
     ax.set_xlabel("minutes")
     ax.set_title("disk (last point: after gc)")
     ax.legend(fontsize=8)
@@ -639,6 +665,9 @@ def main() -> None:
     parser.add_argument("--transfer-s", type=float, default=2.0)
     parser.add_argument("--snapshot-every", type=int, default=1)
     parser.add_argument("--keep-every", type=int, default=5, help="snapshots kept at close")
+    parser.add_argument(
+        "--keep-gb", type=float, default=1.0, help="snapshots.keep_gb (0: no bound)"
+    )
     parser.add_argument("--probe-every-s", type=float, default=120.0, help="crash probes")
     parser.add_argument("--solve", type=float, default=0.3, help="share of gold-patch endings")
     parser.add_argument("--levels", type=int, nargs="*", default=[16, 32, 64, 128])

@@ -431,3 +431,45 @@ def test_restore_point_falls_back_to_the_latest_earlier_snapshot(broken) -> None
     assert replay.restore_point(sparse, 1) == (0, traj.env.init_snapshot)
     bare = sparse.model_copy(update={"env": sparse.env.model_copy(update={"init_snapshot": None})})
     assert replay.restore_point(bare, 1) == (0, None)  # nothing before: INIT again
+
+
+def test_keep_gb_holds_the_newest_failures_within_the_bound(tmp_path: Path, tokenizer) -> None:
+    """`keep_gb`: four failed episodes, one after another, on the local provider (its
+    snapshots are folder copies, so their sizes are exact). With room for two episodes'
+    snapshots, the two that finished first lose theirs as the later ones finish, what is
+    left is within the bound, and a replay of a removed one runs INIT again."""
+    from agentrl.dispatch.base import PipelineConfig
+    from agentrl.sandbox.local import LocalProvider
+
+    task = load_any(DATA / "task.yaml")
+    provider = LocalProvider()
+
+    def run(out: Path, samples: int, keep_gb: float | None) -> list[Trajectory]:
+        sampler = ScriptedSampler(load_script(DATA / "wanderer.yaml"), tokenizer)
+        policy = SnapshotPolicy(every=1, keep_gb=keep_gb)
+        asyncio.run(
+            run_task(
+                task, sampler, tokenizer, provider, out, show_progress=False, snapshots=policy,
+                samples=samples, dispatcher=PipelineConfig(concurrency=1),
+            )
+        )  # fmt: skip
+        return list(TrajectoryStore(out / "trajectories.jsonl"))
+
+    async def sizes(ids: list[str]) -> list[int]:
+        return [await provider.snapshot_bytes(i) for i in ids]
+
+    (one,) = run(tmp_path / "one", 1, None)
+    episode = sum(asyncio.run(sizes(replay.snapshot_ids([one]))))
+    asyncio.run(_remove_local(replay.snapshot_ids([one])))
+    assert episode > 0
+    trajs = run(tmp_path / "four", 4, 2.5 * episode / 2**30)
+    ids = [replay.snapshot_ids([t]) for t in trajs]  # as each recorded them, in finish order
+    try:
+        assert [t.reward for t in trajs] == [0.0] * 4 and all(len(i) == 4 for i in ids)
+        on_disk = [sum(asyncio.run(sizes(i))) for i in ids]
+        assert on_disk[:2] == [0, 0] and on_disk[2:] == [episode, episode]
+        assert sum(on_disk) <= 2.5 * episode
+        report = asyncio.run(replay.replay(tmp_path / "four", trajs[0].trajectory_id, 2))
+        assert report.snapshot is None and report.restored_at == 0 and report.matched
+    finally:
+        asyncio.run(_remove_local([i for group in ids[2:] for i in group]))

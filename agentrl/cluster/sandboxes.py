@@ -328,6 +328,13 @@ class RemoteTaskEnv:
         lost; what such a commit left there, `agentrl gc --snapshots` on the node removes."""
         return []
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        worker = self.fleet.snapshots.get(snapshot_id)
+        if worker is None or worker.dead:
+            return 0
+        size: int = await worker.call("snapshot_bytes", snapshot_id)
+        return size
+
     async def remove_snapshot(self, snapshot_id: str) -> int:
         worker = self.fleet.snapshots.pop(snapshot_id, None)
         if worker is None or worker.dead:

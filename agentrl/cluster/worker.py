@@ -177,6 +177,9 @@ class SandboxWorker:
 
             await close_all(held.tools, held.sandbox)
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        return await self.provider.snapshot_bytes(snapshot_id)
+
     async def remove_snapshot(self, snapshot_id: str) -> int:
         return await self.provider.remove_snapshot(snapshot_id)
 

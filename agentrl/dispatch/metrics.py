@@ -44,7 +44,8 @@ class DispatchMetrics(BaseModel):
     utilisation_mean: float = Field(description="busy generation slots / slots, over the run")
     utilisation_steady: float = Field(
         description="the same over the steady state: from the first moment every slot was busy "
-        "until fewer episodes than slots were left to RUN (the drain)"
+        "until fewer episodes than slots were left to RUN for good (the drain; a streaming "
+        "feed dips below and refills before it)"
     )
     steady_window: tuple[float, float]
     utilisation: list[tuple[float, float]] = Field(
@@ -93,6 +94,19 @@ def integral(series: Series, a: float, b: float) -> float:
     return total
 
 
+def _drain(unrun: Series, slots: int, wall: float) -> float:
+    """When fewer episodes than slots were left to RUN and it stayed so: the last drop
+    below `slots` (a streaming feed, such as the async schedule's admission, dips and
+    refills many times before its end); `wall` if it never dropped."""
+    drain = None
+    for t, v in unrun:
+        if v >= slots:
+            drain = None
+        elif drain is None and t > 0:
+            drain = t
+    return wall if drain is None else drain
+
+
 def summarize(
     rec: Recorder,
     *,
@@ -105,7 +119,7 @@ def summarize(
     wall = rec.now()
     gen = rec.series.get("generating", [(0.0, 0)])
     full = next((t for t, v in gen if v >= slots), None)
-    drain = next((t for t, v in rec.series.get("unrun", []) if t > 0 and v < slots), wall)
+    drain = _drain(rec.series.get("unrun", []), slots, wall)
     start = full if full is not None else next((t for t, v in gen if v > 0), 0.0)
     end = max(drain, start)
     width = max(wall / bins, 1e-6)

@@ -42,7 +42,7 @@ from agentrl.errors import (
 )
 from agentrl.inference.base import Sampler
 from agentrl.play import EpisodeEnd, Gate, Ledger, Play, Player, no_gate
-from agentrl.snapshots import Snapshots, unrecorded
+from agentrl.snapshots import Retention, Snapshots, unrecorded
 from agentrl.tasks.evidence import DidNotRun, Evidence
 from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
 from agentrl.toolcall import close_all, close_tools
@@ -122,6 +122,7 @@ class Episode:
         self.branch_of: BranchOf | None = None  # a continuation: whose, from which turn
         self.restore_from: str | None = None  # INIT restores this snapshot (None: starts)
         self.journal: EpisodeJournal | None = None  # the run's journal, for a resume
+        self.retention: Retention | None = None  # the run's bound on what finished ones keep
         self.resumed_at: list[int] = []  # where a killed run's episode went on
         self._resumed_lengths: list[int] | None = None  # its ledger's lengths there
         self.recorded: Trajectory | None = None  # it had finished before a kill: as it was
@@ -515,8 +516,14 @@ class Episode:
                 for snapshot_id in await self.env.snapshots_named(self.trajectory_id):
                     if snapshot_id not in self.snapshots.made:
                         await self.env.remove_snapshot(snapshot_id)
-        if removed := self._removed_at_close():
+        removed = self._removed_at_close()
+        if removed:
             await self.snapshots.remove(self.env.remove_snapshot, removed)
+        if self.retention is not None and not self.snapshots.held:  # branches hand theirs on
+            kept = [i for i in self.snapshots.made if i not in removed]
+            await self.retention.keep(
+                self.task.spec.name, self.trajectory_id, kept, self.snapshots.policy, self.env
+            )
 
     def _removed_at_close(self) -> set[str]:
         """The snapshots retention removes as the episode closes (and its record omits):

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agentrl.episode.journal import EpisodeJournal, InFlight, Journal
     from agentrl.inference.base import Sampler
     from agentrl.sandbox.base import SandboxProvider
+    from agentrl.snapshots import Retention
     from agentrl.tasks.env import EpisodeEnv, TaskEnv
     from agentrl.tasks.spec import Instance, SnapshotPolicy, Task
     from agentrl.trajectory import Trajectory
@@ -50,14 +51,17 @@ def make_env(task: Task, provider: SandboxProvider, run_id: str) -> TaskEnv:
 @dataclass
 class Episodes:
     """Makes one run's episodes: its sampler and tokenizer, each task's runtime (by task
-    name), the snapshot policy (None: each task's own), and the run's journal (None:
-    none), where episodes with replay points record what a resume after a kill needs."""
+    name), the snapshot policy (None: each task's own), the run's journal (None:
+    none), where episodes with replay points record what a resume after a kill needs,
+    and the run's `Retention`, which holds what finished episodes keep within the
+    policy's `keep_gb` (None: no bound; a run shares one across its factories)."""
 
     sampler: Sampler
     tokenizer: PreTrainedTokenizerBase
     envs: Mapping[str, EpisodeEnv]
     snapshots: SnapshotPolicy | None = None
     journal: Journal | None = None
+    retention: Retention | None = None
     _said: set[str] = field(default_factory=set, repr=False)
 
     def fresh(
@@ -92,6 +96,7 @@ class Episodes:
             if found is not None and (
                 resumed := self._resumed(task, instance, found, snapshots, journal)
             ):
+                resumed.retention = self.retention
                 return resumed
         episode = Episode(
             task,
@@ -106,6 +111,7 @@ class Episodes:
             player=player,
         )
         episode.journal = journal
+        episode.retention = self.retention
         # begun by a killed process, with nothing to go on from: what it committed is gone
         episode.after_kill = (task.spec.name, f"{instance.id}_{sample}") in (
             self.journal.started if self.journal is not None else set()

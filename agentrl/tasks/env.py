@@ -83,6 +83,8 @@ class EpisodeEnv(Protocol):
 
     async def restore(self, instance: Instance, snapshot_id: str, name: str) -> Sandbox: ...
 
+    async def snapshot_bytes(self, snapshot_id: str) -> int: ...
+
     async def remove_snapshot(self, snapshot_id: str) -> int: ...
 
     async def snapshots_named(self, name: str) -> list[str]: ...
@@ -135,6 +137,9 @@ class TaskEnv:
 
     def tools(self) -> dict[str, Tool]:
         return build_tools(self.task)
+
+    async def snapshot_bytes(self, snapshot_id: str) -> int:
+        return await self.provider.snapshot_bytes(snapshot_id)
 
     async def remove_snapshot(self, snapshot_id: str) -> int:
         return await self.provider.remove_snapshot(snapshot_id)

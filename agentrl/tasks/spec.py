@@ -262,6 +262,13 @@ class SnapshotPolicy(_Model):
         "k-th turn (0: all it made): `every: 1` lets a killed run go on from the last turn "
         "while replay keeps a sparser trail (it restores the nearest earlier one)",
     )
+    keep_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="the most disk (GiB) the snapshots that finished episodes keep may take, "
+        "per task and run: past it, the episodes that finished first lose theirs (a long "
+        "training run keeps a window of its newest failures); none: no bound",
+    )
 
 
 DEFAULT_SUMMARY_PROMPT = (

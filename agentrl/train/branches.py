@@ -136,7 +136,7 @@ class Branches:
         not have kept (those made for branching; all of a success retention drops);
         returns `trajs` recording none of them, continuations included."""
         gone: set[str] = set()
-        remove = []
+        remove, kept = [], []
         for t in trajs:
             if t.branch_of is not None:
                 continue
@@ -146,8 +146,13 @@ class Branches:
             mine = Snapshots(policy).reclaimable(f"{self.run.run_id}/{t.trajectory_id}", t)
             gone |= mine
             remove += [self.run.envs[i].remove_snapshot(sid) for sid in sorted(mine)]
+            made = [t.env.init_snapshot, *(u.snapshot_id for u in t.turns)]
+            left = [sid for sid in made if sid and sid not in mine]
+            kept.append((t, left, policy, self.run.envs[i]))
         # A failed removal leaves an image `agentrl gc --snapshots` reclaims.
         await asyncio.gather(*remove, return_exceptions=True)
+        for t, left, policy, env in kept:  # what the replay policy keeps: within keep_gb
+            await self.run.retention.keep(t.task, t.trajectory_id, left, policy, env)
         return [without_snapshots(t, gone) for t in trajs]
 
     async def close(self) -> None:

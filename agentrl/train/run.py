@@ -19,6 +19,7 @@ from agentrl.dispatch.stream import stream_episodes
 from agentrl.episode import Episode, Episodes
 from agentrl.episode.journal import JOURNAL, Journal
 from agentrl.inference.base import Replicated
+from agentrl.snapshots import Retention
 from agentrl.train.admission import Group
 from agentrl.train.branches import Branches, branch_metrics, collect_group
 
@@ -75,6 +76,7 @@ class TrainRun:
     stored: int = 0  # trajectories written (a checkpoint records it)
     journal: Journal | None = None  # its episodes in flight (set once the weights are out)
     kept: set[tuple[str, str]] = field(default_factory=set)  # stored since the checkpoint
+    retention: Retention = field(default_factory=Retention)  # what finished episodes keep
 
     def branches(self, sampler: Sampler) -> Branches | None:
         """The planner of continuations when the estimator is branch (else None)."""
@@ -103,7 +105,9 @@ class TrainRun:
         which go on from the journal after a kill."""
         envs = {task.spec.name: env for task, env in zip(self.tasks, self.envs, strict=True)}
         journal = self.journal if resumable and self.replayable else None
-        return Episodes(sampler, self.tokenizer, envs, self.config.snapshots, journal)
+        return Episodes(
+            sampler, self.tokenizer, envs, self.config.snapshots, journal, self.retention
+        )
 
     def make_episodes(
         self,

@@ -167,3 +167,41 @@ def test_a_write_that_fails_stops_the_episodes_journal_not_the_episode(tmp_path:
     w.reached(2, [turn(0, 0, 1), turn(1, 2, 3)], [segment([1], [10], [20])])
     assert w.stopped
     w.landed(2, "s2")  # nothing more is written, and nothing raises
+
+
+def test_lines_are_fsynced_on_the_journals_thread_a_batch_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No episode waits for the disk: a write returns once its line is in the file (what
+    a kill -9 keeps), and the fsync that keeps it through a power loss runs on the
+    journal's own thread, one for all lines written meanwhile; `synced` returns once
+    every line so far is fsynced (a superseded snapshot is removed only then), and the
+    thread ends when idle."""
+    import asyncio
+    import os
+    import threading
+
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append((threading.current_thread().name, j._written))
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", fsync)
+    monkeypatch.setattr(journal_module, "FLUSHER_IDLE_S", 0.2)
+    j = Journal(tmp_path / "inflight.jsonl")
+    w = j.episode("t", "i_0")
+    for k in range(50):
+        w.landed(k, f"s{k}")
+    assert len((tmp_path / "inflight.jsonl").read_text().splitlines()) == 50
+    asyncio.run(w.synced())
+    assert j._synced == j._written == 50
+    assert calls and calls[-1][1] == 50  # the last fsync covers every line
+    assert all(name != threading.main_thread().name for name, _ in calls)
+    flusher = j._flusher
+    if flusher is not None:
+        flusher.join(timeout=5)
+    assert j._flusher is None  # idle: ended
+    w.landed(50, "s50")  # a later write starts it again, and is synced
+    asyncio.run(w.synced())
+    assert j._synced == 51 and calls[-1][1] == 51

@@ -405,6 +405,40 @@ def test_agentrl_gc_removes_what_a_killed_driver_left(run_id: str) -> None:
     assert _leftovers(run_id) == ([], [])
 
 
+def test_the_writable_layer_is_walked_again_only_once_the_room_left_could_be_filled(
+    run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size of what a sandbox wrote is a walk of its files, and it was taken at every
+    usage look (half the driver's CPU a turn at SWE shape). Far under the limit, a look
+    within room / DISK_RATE of the last walk reuses it; past the limit, every look walks
+    (so deleting files is seen at once)."""
+    from agentrl.sandbox.docker import host
+
+    walks = []
+    real = host.tree_bytes
+    monkeypatch.setattr(host, "tree_bytes", lambda root: walks.append(root) or real(root))
+
+    async def go() -> None:
+        prov = DockerProvider(reap_at_start=False)
+        roomy = await prov.start(SandboxSpec(run_id=run_id, disk_mb=10240))
+        tight = await prov.start(SandboxSpec(run_id=run_id, disk_mb=16))
+        try:
+            first = (await roomy.usage()).disk_bytes
+            await roomy.exec(cmd("head -c 4M /dev/zero > /tmp/f"))
+            assert (await roomy.usage()).disk_bytes == first and len(walks) == 1
+            await tight.exec(cmd("head -c 20M /dev/zero > /tmp/f"))
+            over = [(await tight.usage()).disk_bytes for _ in range(3)]  # at the limit
+            assert len(walks) == 4 and all(b is not None and b >= 15 << 20 for b in over)
+            await tight.exec(cmd("rm /tmp/f"))
+            after = (await tight.usage()).disk_bytes
+            assert after is not None and after < 1 << 20 and len(walks) == 5
+        finally:
+            await roomy.close()
+            await tight.close()
+
+    asyncio.run(go())
+
+
 def test_disk_limit_is_the_engines_quota_or_measured_from_the_host(run_id: str) -> None:
     from agentrl.sandbox.docker.provider import _quota_support
 

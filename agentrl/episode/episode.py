@@ -415,7 +415,12 @@ class Episode:
             task.add_done_callback(self._removals.discard)
 
     async def _remove_snapshot(self, snapshot_id: str) -> None:
+        """Remove a superseded snapshot, once the journal's line that a newer one landed
+        is on disk (a power loss between the two would leave a resume nothing to go on
+        from)."""
         with contextlib.suppress(Exception):  # gc --snapshots reclaims what is left
+            if self.journal is not None:
+                await self.journal.synced()
             await self.env.remove_snapshot(snapshot_id)
 
     async def run(self, gate: Gate = no_gate, *, timeout: float | None = None) -> None:

@@ -3,7 +3,7 @@
 last replay point, instead of starting it again.
 
 An episode with replay points (`snapshots.every`) appends to its run's journal (one
-JSONL file, each line written whole and fsynced) as it goes:
+JSONL file, each line written whole) as it goes:
 
   open     at INIT's end: which task, instance and sample; its scheduled step; the image
   reached  as a snapshot of the state after n turns starts: the turn records and the token
@@ -15,8 +15,12 @@ JSONL file, each line written whole and fsynced) as it goes:
   resumed  a later process went on from state n: what earlier lines said after n is void
   done     (training) the episode's trajectory, as the rollout got it, with its evidence
 
-A killed process (`kill -9`, the machine losing power) leaves every line written before
-the kill; a line torn by it is skipped. The next run over the same folder reads, for
+A killed process (`kill -9`) leaves every line written before the kill; a line torn by
+it is skipped. Lines are fsynced by a thread of the journal's own, a batch at a time
+(group commit), so no episode waits for the disk: the machine losing power loses at
+most the lines of the last few milliseconds, as if it had lost power that much earlier.
+What must not outrun the lines (removing a snapshot a newer landed one supersedes)
+waits for them first (`synced`). The next run over the same folder reads, for
 each episode it still owes, the newest state both reached and landed (`InFlight`), and
 the episode factory goes on from there (`Episode.resumed`): its sandbox restored from
 that snapshot, its chat rebuilt from the recorded turns and checked against the recorded
@@ -38,9 +42,11 @@ lost) runs again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import threading
 from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +65,8 @@ JOURNAL = "inflight.jsonl"
 COMPACT_BYTES = 8 * 2**20
 """Appended past this since the last rewrite, the journal drops the lines of the episodes
 recorded meanwhile (`closed`): it stays about as large as what is in flight."""
+FLUSHER_IDLE_S = 2.0
+"""The journal's fsync thread ends after this long with no line to sync."""
 ENDED = (StopReason.finished, StopReason.max_turns)
 """RUN's ends after which nothing is sampled again: a resume at the last turn only grades."""
 
@@ -93,13 +101,21 @@ class Journal:
         self.started: set[tuple[str, str]] = set()  # episodes a killed process had begun
         self._appended = 0  # bytes written since the last rewrite
         self._closed: set[tuple[str, str]] = set()  # recorded since then
+        self._written = self._synced = 0  # lines written; of them, fsynced
+        self._dirty = threading.Condition()
+        self._sync_lock = threading.Lock()  # one fsync at a time: the others ride on it
+        self._flusher: threading.Thread | None = None
+        self._failed: OSError | None = None  # the flusher's fsync failed: writes stop
 
     def episode(self, task: str, trajectory_id: str) -> EpisodeJournal:
         """The writer of one episode's lines."""
         return EpisodeJournal(self, task, trajectory_id)
 
     def write(self, line: dict[str, Any]) -> None:
-        """Append one line, whole, and fsync it: a kill after this keeps it."""
+        """Append one line, whole: a kill after this keeps it. The fsync that keeps it
+        through a power loss follows on the journal's thread (`synced` waits for it)."""
+        if self._failed is not None:
+            raise self._failed
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.run_id is not None and not self._recorded:
@@ -108,10 +124,53 @@ class Journal:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
-            os.fsync(fd)
         finally:
             os.close(fd)
         self._appended += len(data)
+        with self._dirty:
+            self._written += 1
+            if self._flusher is None:  # it ends once idle: a run's journals leave no thread
+                self._flusher = threading.Thread(target=self._flush, name="journal", daemon=True)
+                self._flusher.start()
+            self._dirty.notify()
+
+    async def synced(self) -> None:
+        """Return once every line written so far is fsynced."""
+        if self._synced < self._written:
+            await asyncio.to_thread(self._sync, self._written)
+
+    def _sync(self, upto: int) -> None:
+        """fsync the file if lines up to `upto` are not yet: one fsync covers every line
+        written before it began, so callers waiting meanwhile share the next one."""
+        with self._sync_lock:
+            if self._synced >= upto:
+                return
+            target = self._written
+            try:
+                fd = os.open(self.path, os.O_RDONLY)  # fsync syncs the file, by any descriptor
+            except FileNotFoundError:  # cleared or dropped to nothing: no line to keep
+                self._synced = target
+                return
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                self._failed = e
+                log.warning("journal %s: fsync failed: %s (writes stop)", self.path, e)
+            finally:
+                os.close(fd)
+            self._synced = target
+
+    def _flush(self) -> None:
+        """The journal's thread: fsync whenever lines were written since the last; it
+        ends after FLUSHER_IDLE_S with nothing to do (the next write starts another)."""
+        while True:
+            with self._dirty:
+                while self._synced >= self._written:
+                    if not self._dirty.wait(FLUSHER_IDLE_S) and self._synced >= self._written:
+                        self._flusher = None
+                        return
+                upto = self._written
+            self._sync(upto)
 
     def closed(self, task: str, trajectory_id: str) -> None:
         """The episode's trajectory is recorded where the run keeps it: its lines are
@@ -257,6 +316,10 @@ class EpisodeJournal:
         new = [t.model_dump(mode="json") for t in turns[self.turns_written : n]]
         self.turns_written = n
         self._write(reached=n, turns=new, ledger=ledger, lengths=self.lengths)
+
+    async def synced(self) -> None:
+        """Once every line written so far (this episode's and others') is fsynced."""
+        await self.journal.synced()
 
     def landed(self, n: int, snapshot_id: str) -> None:
         self._write(landed=n, snapshot=snapshot_id)

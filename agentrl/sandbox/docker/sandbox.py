@@ -83,6 +83,7 @@ class DockerSandbox:
         self._host: host.HostView | None = None  # its cgroup and writable layer, found once
         self.init_state: InitState | None = None  # what keep_init() kept, if it kept anything
         self._snapshots = 0
+        self._origin: tuple[str, str] | None = None  # (container, its chain's first image)
         self._commits: set[asyncio.Future[Any]] = set()  # commits in flight: close waits
         backstop.add(self._id, self.close_now)
 
@@ -246,7 +247,9 @@ class DockerSandbox:
         """Commit the container as a snapshot of its run (gc and reaping treat it as one)."""
         spec = self._spec
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec.name}-{label}" if spec.name else label)
-        origin = await self._call(host.origin, self._api, self._id)
+        if self._origin is None or self._origin[0] != self._id:  # a container's image is fixed
+            self._origin = (self._id, await self._call(host.origin, self._api, self._id))
+        origin = self._origin[1]
         labels = {
             RUN: spec.run_id,
             SNAPSHOT_OF: spec.run_id,
@@ -365,7 +368,8 @@ class DockerSandbox:
         this machine (None where the engine runs elsewhere or the driver is not overlay)."""
         self._check_open()
         if self._host is None:
-            self._host = await self._call(host.HostView, self._api, self._id)
+            limit = self._spec.disk_mb << 20
+            self._host = await self._call(host.HostView, self._api, self._id, limit)
         return await asyncio.to_thread(self._host.usage)
 
     async def connect_network(self, name: str) -> None:

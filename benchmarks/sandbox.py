@@ -7,7 +7,11 @@ Measures, in one run so the ratios compare like with like on a noisy machine:
   (the same trivial command, `true`), p50/p95, and their ratio;
 - the same bash round trip on the local provider (no container at all);
 - container start (start + ready) and close p50;
-- snapshot (docker commit) and restore (start from the snapshot) p50.
+- snapshot (docker commit) and restore (start from the snapshot) p50;
+- the bash round trip once the sandbox has written a SWE-sized tree (`--files` files:
+  a repository's bytecode caches, an install), with its writable layer walked at every
+  usage look (as before `DISK_RATE`) and walked again only once the room left under the
+  disk limit could have been filled (now), alternating, and their ratio.
 Writes JSON (default benchmarks/results/sandbox.json) and prints it.
 """
 
@@ -49,7 +53,40 @@ async def timed(n: int, fn: Callable[[], Awaitable[Any]]) -> list[float]:
     return samples
 
 
-async def main(n: int) -> dict[str, Any]:
+async def layer_walks(docker: DockerProvider, spec: SandboxSpec, n: int, files: int) -> dict:
+    """Bash round trips in a sandbox holding `files` written files: the layer walked at
+    every look vs spaced by DISK_RATE (the two arms alternate in blocks of 10)."""
+    from agentrl.sandbox.docker import host
+
+    box = await docker.start(spec)
+    bash = BashTool()
+    spaced = host.DISK_RATE
+    every: list[float] = []
+    gap: list[float] = []
+    try:
+        tree = (
+            f"mkdir -p /tmp/tree && cd /tmp/tree && for d in $(seq {files // 100}); "
+            "do mkdir $d; (cd $d && seq 100 | xargs touch); done"
+        )
+        await box.exec(ExecRequest(command=tree, timeout=300))
+        await bash(box, command="true")
+        for _ in range(max(n // 20, 1)):
+            for rate, into in ((float("inf"), every), (spaced, gap)):
+                host.DISK_RATE = rate
+                into += await timed(10, lambda: bash(box, command="true"))
+    finally:
+        host.DISK_RATE = spaced
+        await bash.close()
+        await box.close()
+    return {
+        "files": files,
+        "walk_every_look": stats_ms(every),
+        "walk_spaced": stats_ms(gap),
+        "every_over_spaced_p50": round(statistics.median(every) / statistics.median(gap), 1),
+    }
+
+
+async def main(n: int, files: int) -> dict[str, Any]:
     run_id = f"bench-sandbox-{uuid.uuid4().hex[:6]}"
     spec = SandboxSpec(run_id=run_id)
     docker = DockerProvider()
@@ -92,6 +129,8 @@ async def main(n: int) -> dict[str, Any]:
         out["container_start"] = stats_ms(starts)
         out["container_close"] = stats_ms(closes)
 
+        out["swe_sized_layer"] = await layer_walks(docker, spec, n, files)
+
         local = await LocalProvider().start(spec)
         lbash = BashTool()
         try:
@@ -113,9 +152,11 @@ async def main(n: int) -> dict[str, Any]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200, help="bash round trips per provider")
+    ap.add_argument("--files", type=int, default=5000, help="files in the SWE-sized layer")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sandbox.json")
     args = ap.parse_args()
-    result = {"benchmark": "sandbox", "platform": platform.platform(), **asyncio.run(main(args.n))}
+    outcome = asyncio.run(main(args.n, args.files))
+    result = {"benchmark": "sandbox", "platform": platform.platform(), **outcome}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

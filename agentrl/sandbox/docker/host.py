@@ -30,7 +30,7 @@ _KINDS = {0: "changed", 1: "added", 2: "deleted"}  # the engine's diff kinds
 STOP_ROUNDS = 5  # freeze-and-kill rounds before seal() gives up on a process that survives
 
 
-DISK_RATE = 2 << 30
+DISK_RATE: float = 2 << 30
 """Bytes a second a sandbox is taken to write at most: the writable layer is walked again
 only once that rate could have filled the room left under the disk limit."""
 

@@ -222,11 +222,21 @@ def snapshot_bytes(client: docker.DockerClient, snapshot_id: str) -> int:
     return _own_bytes(client, client.api.inspect_image(snapshot_id))
 
 
+_sizes: dict[str, int] = {}
+"""Image id -> its size: an id names its content, so its size never changes. A run's
+snapshots share few parents (the instance images, a restored snapshot), each asked once."""
+
+
 def _own_bytes(client: docker.DockerClient, info: dict[str, Any]) -> int:
     """Of an inspected image: its size less its parent image's."""
     parent = info.get("Parent")
-    base = client.api.inspect_image(parent)["Size"] if parent else 0
-    return max(0, int(info["Size"]) - int(base))
+    if not parent:
+        return int(info["Size"])
+    if parent not in _sizes:
+        if len(_sizes) > 4096:
+            _sizes.clear()
+        _sizes[parent] = int(client.api.inspect_image(parent)["Size"])
+    return max(0, int(info["Size"]) - _sizes[parent])
 
 
 def remove_snapshot(client: docker.DockerClient, snapshot_id: str) -> int | None:

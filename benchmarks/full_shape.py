@@ -32,7 +32,11 @@ Workload (seeded; lognormal = median * exp(sigma * N(0, 1)), clipped): turns per
 lognormal(36, 0.3) in [30, 50] (the SWE recipe allows 50; SWE-agent rollouts average 18-24
 turns in the SkyRL-Agent notes, ../shared/reference/skyrl-agent-notes.md section 2, and the
 issue asks for 30 or more); decoded tokens per reply lognormal(250, 0.8) in [16, 2048]
-(benchmarks/dispatch.py's model: most turns short, a long tail of thinking). The replies'
+(benchmarks/dispatch.py's model: most turns short, a long tail of thinking). A published
+check: the SWE rows of modal-labs/autoinference-agentic-mix-v1 (Hugging Face; turns 44-100
+of SWE agent trajectories, Qwen2.5 tokens) have 22-1,520 output tokens a turn, inside this
+clip; its rows shown are 38-255, so a median of 250 errs long, which makes turns slower and
+the per-second load on the control plane lower, not the cost of a turn. The replies'
 decode time follows the simulated continuous-batching engine (`agentrl.inference.simulated`,
 a fit to a measured vLLM sweep). What the replies do is real, in the instance's repository:
 list and grep it, read its failing test file with sed and with the editor, write and edit a

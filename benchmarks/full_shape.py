@@ -245,10 +245,12 @@ class Monitor:
         every_s: float,
         log: Path | None = None,
         progress: Callable[[], str] = str,
+        kept: Callable[[], int] = int,
     ) -> None:
         self.client, self.run_id, self.journal, self.every_s = client, run_id, journal, every_s
         self.trajectories = trajectories
         self.log, self.progress = log, progress  # a line a person can follow, each sample
+        self.kept = kept  # bytes the finished episodes' snapshots keep (Retention)
         self.rows: list[dict[str, Any]] = []
         self.peak_memory: dict[str, int] = {}  # container name -> most bytes seen
         self.peak_disk: dict[str, int] = {}  # container name -> largest writable layer seen
@@ -298,6 +300,7 @@ class Monitor:
                 "container_memory_mb": round(memory / 2**20, 1),
                 "snapshots": len(snaps),
                 "snapshot_mb": round(snapshot_bytes / 2**20, 1),
+                "kept_finished_mb": round(self.kept() / 2**20, 1),
                 "docker_disk_gb": round(shutil.disk_usage("/var/lib/docker").used / 2**30, 2),
                 "journal_mb": round(
                     self.journal.stat().st_size / 2**20 if self.journal.exists() else 0.0, 2
@@ -445,7 +448,14 @@ async def rehearse(args: argparse.Namespace, task: Task, out_dir: Path) -> dict[
         return f"{len(trajs)} episodes back ({turns} turns, {solved} resolved), {len(steps)} steps"
 
     monitor = Monitor(
-        client, run_id, journal.path, store.path, args.sample_s, out_dir / "progress.log", progress
+        client,
+        run_id,
+        journal.path,
+        store.path,
+        args.sample_s,
+        out_dir / "progress.log",
+        progress,
+        lambda: retention.bytes(task.spec.name),
     )
     steps: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60 * args.minutes
@@ -629,7 +639,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax = axes[0][1]
     ax.plot(t, [r["snapshot_mb"] for r in rows], label="snapshot layers (MB)")
-    ax.plot(t, [1000 * r["journal_mb"] for r in rows], label="journal (KB)")
+    if any("kept_finished_mb" in r for r in rows):
+        kept = [r.get("kept_finished_mb", 0) for r in rows]
+        ax.plot(t, kept, label="of them, finished episodes' (MB)")
+    ax.plot(t, [r["journal_mb"] for r in rows], label="journal (MB)")
     ax.plot(t, [r.get("trajectories_mb", 0) for r in rows], label="trajectories.jsonl (MB)")
     if keep := (result.get("rehearsal") or {}).get("keep_gb"):
         ax.axhline(1024 * keep, color="grey", ls="--", lw=1, label="keep_gb (finished episodes')")

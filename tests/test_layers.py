@@ -54,6 +54,7 @@ LAYERS: list[list[str]] = [
         "corpus",
         "http",
         "atomic",
+        "scratch",
         "run_info",
         "cache",
         "batch",

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from agentrl import scratch
 from agentrl.errors import ConfigError
 
 
@@ -65,7 +65,7 @@ def join_process_group() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         _owned.users = 1
     else:
-        store_dir = Path(tempfile.mkdtemp(prefix="agentrl-pg-"))
+        store_dir = scratch.make("pg")
         init_loopback_group(store_dir / "store", rank=0, world_size=1)
         _owned.users, _owned.store_dir = 1, store_dir
 

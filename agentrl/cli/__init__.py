@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from agentrl import scratch
 from agentrl.cli.output import err_console, tag
 from agentrl.cli.parser import build_parser
 from agentrl.errors import AgentRLError
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("urllib3", "docker", "filelock", "httpx", "httpx2", "openai", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    scratch.reap()  # what killed agentrl processes left in the temp dir (agentrl.scratch)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -37,8 +37,10 @@ def images_build(args: argparse.Namespace) -> int:
 
 
 def gc(args: argparse.Namespace) -> int:
+    from agentrl import scratch
     from agentrl.sandbox.docker import gc
 
+    folders = scratch.reap()  # the CLI reaped at start too; a process may have died since
     report = gc(run_id=args.run, snapshots=args.snapshots)
     what = f"run {args.run}" if args.run else "dead runs"
     console.print(
@@ -49,6 +51,7 @@ def gc(args: argparse.Namespace) -> int:
             else ""
         )
         + f" of {what}"
+        + (f", and {folders} temporary folder(s) of dead processes" if folders else "")
     )
     return 0
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl import atomic
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.http import free_ports
-from agentrl.sandbox.procs import pid_alive
+from agentrl.scratch import pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ import shlex
 import shutil
 import signal
 import string
-import tempfile
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from agentrl import scratch as scratch_dirs
 from agentrl.errors import ConfigError, EpisodeAborted
 from agentrl.gateway import server
 from agentrl.gateway.recorder import Recorder
@@ -85,7 +85,7 @@ async def _play(ctx: Play) -> StopReason:
     recorder = Recorder(ctx, server.MODEL_NAME)
     ctx.ledger = recorder
     sid = gateway.open(recorder)
-    scratch = Path(tempfile.mkdtemp(prefix="agentrl-agent-"))
+    scratch = scratch_dirs.make("agent")
     info = ctx.agent = AgentInfo(name=harness_name(agent), command=agent.command, where=agent.where)
     try:
         if agent.where == "beside":

@@ -21,13 +21,12 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 from collections.abc import Coroutine
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
+from agentrl import scratch
 from agentrl.gateway import wire
 from agentrl.gateway.recorder import OVER, Recorder
 from agentrl.http import (
@@ -93,7 +92,7 @@ class Gateway(App):
         first call on: mounted into Docker sandboxes whose harness runs inside."""
         with self._lock:
             if self._socket_dir is None:
-                folder = Path(tempfile.mkdtemp(prefix="agentrl-gateway-"))
+                folder = scratch.make("gateway")
                 folder.chmod(0o755)
                 path = folder / SOCKET_NAME
                 self._unix = Listener(self, "", 0, path=str(path))

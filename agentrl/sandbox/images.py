@@ -47,6 +47,7 @@ from docker.models.images import Image
 from docker.utils import parse_repository_tag
 from pydantic import BaseModel, ConfigDict
 
+from agentrl import scratch
 from agentrl.errors import DockerUnavailableError, ImageBuildError
 
 logger = logging.getLogger(__name__)
@@ -636,7 +637,7 @@ def _build_debootstrap(
     changes = [f"ENV PATH={DEFAULT_PATH}"]
     changes += [f"{kw} {rest}" for kw, rest in _instructions(folder) if kw in IMPORTABLE]
     changes += [f"LABEL {key}={value}" for key, value in labels.items()]
-    work = Path(tempfile.mkdtemp(prefix=f"agentrl-{folder.name}-")).resolve()
+    work = scratch.make("debootstrap").resolve()
     rootfs, archive = work / "rootfs", work / "rootfs.tar"
     log_path = Path(tempfile.gettempdir()) / f"agentrl-{folder.name}-debootstrap.log"
     cmd = ["debootstrap", "--variant=minbase", *([f"--include={include}"] if include else [])]

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from pexpect.fdpexpect import fdspawn
 
+from agentrl import scratch
 from agentrl.errors import SandboxError, SandboxFileNotFound, SnapshotGone
 from agentrl.sandbox.base import (
     FORCED_ENV,
@@ -100,7 +100,7 @@ class LocalProvider:
             log.warning(NO_ISOLATION, os.environ.get("USER", f"uid {os.getuid()}"), "the workdir")
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
-        return LocalSandbox(spec, Path(tempfile.mkdtemp(prefix="agentrl-local-")))
+        return LocalSandbox(spec, scratch.make("local"))
 
     async def snapshot_bytes(self, snapshot_id: str) -> int:
         """Bytes of the files in a snapshot folder (0 if it is gone)."""
@@ -125,7 +125,7 @@ class LocalProvider:
                 f"no local snapshot {snapshot_id!r} in {snapshots_dir()}",
                 fix="pass an id that LocalSandbox.snapshot returned (with the same AGENTRL_CACHE)",
             )
-        root = Path(tempfile.mkdtemp(prefix="agentrl-local-"))
+        root = scratch.make("local")
         sandbox = LocalSandbox(spec, root)
         try:
             await asyncio.to_thread(

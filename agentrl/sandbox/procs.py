@@ -79,17 +79,6 @@ def in_cgroup(pid: int, marker: str) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (one we may not signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def count_marked(marker: str) -> int:
     """How many processes of ours have `marker` (`NAME=value`) in their environment."""
     own, wanted, found = os.getpid(), b"\0" + marker.encode() + b"\0", 0

@@ -27,7 +27,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from agentrl import errors
 from agentrl.errors import BrowserError
-from agentrl.sandbox.procs import pid_alive
+from agentrl.scratch import pid_alive
 
 # Chromium's own background traffic (updates, sync, metrics, pings) stays off.
 _FLAGS = [

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
+from agentrl import scratch
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.http import free_port
 from agentrl.inference.base import PauseMode, Transfer
@@ -247,7 +247,7 @@ class ControlPlane:
 
     async def _write(self, version: int, state: Mapping[str, torch.Tensor]) -> Path:
         if self.publish_dir is None:
-            self.publish_dir = Path(tempfile.mkdtemp(prefix="agentrl-publish-"))
+            self.publish_dir = scratch.make("publish")
         folder = self.publish_dir / f"v{version:06d}"
         await asyncio.to_thread(save_weights, state, folder)
         self.published.append(folder)

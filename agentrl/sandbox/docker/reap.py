@@ -37,7 +37,8 @@ from agentrl.sandbox.docker.engine import (
     transient,
 )
 from agentrl.sandbox.images import docker_client
-from agentrl.sandbox.procs import ExitBackstop, pid_alive
+from agentrl.sandbox.procs import ExitBackstop
+from agentrl.scratch import pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -410,13 +410,14 @@ def test_the_writable_layer_is_walked_again_only_once_the_room_left_could_be_fil
 ) -> None:
     """The size of what a sandbox wrote is a walk of its files, and it was taken at every
     usage look (half the driver's CPU a turn at SWE shape). Far under the limit, a look
-    within room / DISK_RATE of the last walk reuses it; past the limit, every look walks
-    (so deleting files is seen at once)."""
+    within room / DISK_RATE (and DISK_GAP_S) of the last walk reuses it; past the limit,
+    every look walks (so deleting files is seen at once)."""
     from agentrl.sandbox.docker import host
 
     walks = []
     real = host.tree_bytes
     monkeypatch.setattr(host, "tree_bytes", lambda root: walks.append(root) or real(root))
+    monkeypatch.setattr(host, "DISK_GAP_S", 60.0)  # a loaded machine's exec is no walk
 
     async def go() -> None:
         prov = DockerProvider(reap_at_start=False)
@@ -432,6 +433,9 @@ def test_the_writable_layer_is_walked_again_only_once_the_room_left_could_be_fil
             await tight.exec(cmd("rm /tmp/f"))
             after = (await tight.usage()).disk_bytes
             assert after is not None and after < 1 << 20 and len(walks) == 5
+            monkeypatch.setattr(host, "DISK_GAP_S", 0.0)  # the gap bounds it too
+            await roomy.usage()
+            assert len(walks) == 6
         finally:
             await roomy.close()
             await tight.close()

@@ -32,7 +32,10 @@ STOP_ROUNDS = 5  # freeze-and-kill rounds before seal() gives up on a process th
 
 DISK_RATE: float = 2 << 30
 """Bytes a second a sandbox is taken to write at most: the writable layer is walked again
-only once that rate could have filled the room left under the disk limit."""
+once that rate could have filled the room left under the disk limit..."""
+DISK_GAP_S = 2.0
+"""...or this long after the last walk, whichever comes first (so a writer faster than
+DISK_RATE passes the limit by at most this long's writes)."""
 
 
 class HostView:
@@ -41,9 +44,9 @@ class HostView:
     The counters are a file read each; the writable layer's size is a walk of every file
     the sandbox wrote, which at SWE shape was half the driver's CPU per turn when taken at
     every look. So it is walked again only when `DISK_RATE` could have filled the room
-    the last walk left under `disk_limit`: with 50 MB written under a 10 GiB limit, every
-    5 s instead of every 0.5 s, and at every look near the limit. A sandbox writing
-    faster than that passes the limit by at most that factor times the room it had."""
+    the last walk left under `disk_limit`, and at least every `DISK_GAP_S`: far under a
+    10 GiB limit every 2 s instead of at every look (~0.5 s while a command runs), and at
+    every look near the limit."""
 
     def __init__(self, api: Any, container_id: str, disk_limit: int | None = None) -> None:
         info = api.inspect_container(container_id)
@@ -67,7 +70,7 @@ class HostView:
         now = time.monotonic()
         if self._walked is not None and self.disk_limit is not None:
             size, at = self._walked
-            if now - at < (self.disk_limit - size) / DISK_RATE:
+            if now - at < min((self.disk_limit - size) / DISK_RATE, DISK_GAP_S):
                 return size  # nothing could have filled the room left since
         size = tree_bytes(self.upper)
         self._walked = (size, now)

@@ -21,12 +21,15 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from agentrl.errors import AgentRLError
 from agentrl.sandbox.base import Sandbox
 from agentrl.tasks.spec import SnapshotPolicy
 from agentrl.trajectory import EnvInfo, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from agentrl.tasks.env import EpisodeEnv
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +137,9 @@ class Snapshots:
     def reclaimable(self, key: str, traj: Trajectory) -> set[str]:
         """The snapshots of a held episode that its replay policy would not have kept:
         those committed only for branching, and all of them for a success retention drops."""
-        made = [(0, traj.env.init_snapshot)] + [
-            (k + 1, turn.snapshot_id) for k, turn in enumerate(traj.turns)
-        ]
         kept = self.policy.keep_every or self.policy.every
         drop_all = traj.trainable and self.dropped(key, traj.reward)
-        return {sid for done, sid in made if sid and (drop_all or not (kept and done % kept == 0))}
+        return {sid for done, sid in recorded(traj) if drop_all or not (kept and done % kept == 0)}
 
     async def remove(self, remove: Callable[[str], Awaitable[int]], ids: set[str]) -> None:
         """Remove those of `ids` this episode made, newest first: after a resume, a
@@ -151,17 +151,17 @@ class Snapshots:
                     await remove(snapshot_id)
 
 
-class SnapshotStore(Protocol):
-    """Where a task's snapshots live (its `EpisodeEnv`): how big one is, and removing it."""
-
-    async def snapshot_bytes(self, snapshot_id: str) -> int: ...
-
-    async def remove_snapshot(self, snapshot_id: str) -> int: ...
+def recorded(traj: Trajectory) -> list[tuple[int, str]]:
+    """(turns done, snapshot id) of every snapshot `traj` records, in the order made."""
+    made = [(0, traj.env.init_snapshot)] + [
+        (k + 1, turn.snapshot_id) for k, turn in enumerate(traj.turns)
+    ]
+    return [(done, sid) for done, sid in made if sid]
 
 
 @dataclass
 class _Kept:
-    store: SnapshotStore
+    store: EpisodeEnv  # where the task's snapshots live: sized and removed there
     ids: list[str]  # in the order they were made
     size: int
 
@@ -195,7 +195,7 @@ class Retention:
         key: str,
         ids: list[str],
         policy: SnapshotPolicy,
-        store: SnapshotStore,
+        store: EpisodeEnv,
     ) -> None:
         """Count in episode `key`'s kept snapshots `ids` (in the order made), then remove
         the oldest episodes' while the task's total is over `policy.keep_gb`."""

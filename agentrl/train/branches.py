@@ -26,7 +26,7 @@ from agentrl.algorithms import sample_std, state_keys
 from agentrl.batch import sandbox_seconds
 from agentrl.episode import Episode
 from agentrl.errors import ConfigError
-from agentrl.snapshots import Snapshots, without_snapshots
+from agentrl.snapshots import Snapshots, recorded, without_snapshots
 
 if TYPE_CHECKING:
     from agentrl.algorithm_config import BranchConfig
@@ -146,8 +146,7 @@ class Branches:
             mine = Snapshots(policy).reclaimable(f"{self.run.run_id}/{t.trajectory_id}", t)
             gone |= mine
             remove += [self.run.envs[i].remove_snapshot(sid) for sid in sorted(mine)]
-            made = [t.env.init_snapshot, *(u.snapshot_id for u in t.turns)]
-            left = [sid for sid in made if sid and sid not in mine]
+            left = [sid for _, sid in recorded(t) if sid not in mine]
             kept.append((t, left, policy, self.run.envs[i]))
         # A failed removal leaves an image `agentrl gc --snapshots` reclaims.
         await asyncio.gather(*remove, return_exceptions=True)

@@ -48,7 +48,7 @@ class HostView:
     10 GiB limit every 2 s instead of at every look (~0.5 s while a command runs), and at
     every look near the limit."""
 
-    def __init__(self, api: Any, container_id: str, disk_limit: int | None = None) -> None:
+    def __init__(self, api: Any, container_id: str, disk_limit: int) -> None:
         info = api.inspect_container(container_id)
         init = int(info["State"]["Pid"] or 0)
         self.cgroup = Cgroup.of(init) if in_cgroup(init, container_id) else Cgroup(None, None)
@@ -68,7 +68,7 @@ class HostView:
         if self.upper is None:
             return None
         now = time.monotonic()
-        if self._walked is not None and self.disk_limit is not None:
+        if self._walked is not None:
             size, at = self._walked
             if now - at < min((self.disk_limit - size) / DISK_RATE, DISK_GAP_S):
                 return size  # nothing could have filled the room left since
